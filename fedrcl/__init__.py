@@ -1,0 +1,1 @@
+"""fedrcl: federated learning research on PyTorch Lightning (FedRCL and its baselines)."""

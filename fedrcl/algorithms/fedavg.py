@@ -1,0 +1,132 @@
+"""FedAvg client (McMahan et al., AISTATS 2017): local SGD on cross-entropy.
+
+    loss = CE(f(x), y)
+
+It is the base class of every client algorithm: subclasses override ``client_loss`` and, if they keep
+state across rounds or need the round's global model, ``on_client_start`` / ``on_client_end``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from fedrcl.federated.context import ClientContext
+from fedrcl.models.output import ModelOutput
+
+Backbone = Callable[[int, int, int], nn.Module]
+
+
+class FedAvg(L.LightningModule):
+    """A client algorithm: the local objective and the client optimizer (paper settings by default).
+
+    The federation (``FederatedTrainer``) swaps the global weights into ``backbone`` at each client's
+    start and calls ``on_client_start``; between rounds ``backbone`` holds the global model, which
+    ``validation_step`` / ``test_step`` evaluate (top-1 accuracy and its EMA, the paper's table metric).
+
+    Args:
+        backbone: the network, given ``(num_classes, in_channels, image_size)``; returns ``ModelOutput``.
+        num_classes: classes of the dataset (linked from ``data.dataset`` by the CLI).
+        in_channels: image channels (linked from ``data.dataset``).
+        image_size: image side in pixels (linked from ``data.dataset``).
+        lr: client learning rate at round 0.
+        lr_decay: the client lr is multiplied by this every round (paper: 0.998).
+        local_lr_decay: also multiplied by this every local epoch inside a round (the released FedRCL code:
+            0.998; 1 disables).
+        momentum: SGD momentum (paper: 0).
+        weight_decay: SGD weight decay on all parameters (paper: 1e-3).
+        grad_clip_norm: clip the local gradient to this total 2-norm (paper: 10); null disables.
+        ema_decay: smoothing of the test-accuracy curve reported as ``val/acc_ema`` (paper: 0.9).
+    """
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        image_size: int = 32,
+        lr: float = 0.1,
+        lr_decay: float = 0.998,
+        local_lr_decay: float = 1.0,
+        momentum: float = 0.0,
+        weight_decay: float = 1e-3,
+        grad_clip_norm: Optional[float] = 10.0,
+        ema_decay: float = 0.9,
+    ):
+        super().__init__()
+        if lr <= 0:
+            raise ValueError(f"model.lr must be > 0, got {lr}")
+        if not 0 <= ema_decay < 1:
+            raise ValueError(f"model.ema_decay must be in [0, 1), got {ema_decay}")
+        self.backbone = backbone(num_classes, in_channels, image_size)
+        self.lr, self.lr_decay, self.local_lr_decay = lr, lr_decay, local_lr_decay
+        self.momentum, self.weight_decay, self.grad_clip_norm = momentum, weight_decay, grad_clip_norm
+        self.ema_decay = ema_decay
+        self.acc_ema: Optional[float] = None
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.client: Optional[ClientContext] = None
+
+    # -- the client's objective (override in subclasses) --------------------------------------------------
+    def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        """The local loss of a batch and its named parts (logged as ``train/loss_<name>`` per round)."""
+        ce = F.cross_entropy(out.logits, y)
+        return ce, {"ce": ce}
+
+    def on_client_start(self, client: ClientContext) -> None:
+        """A client begins local training from ``client.global_state`` (already loaded): fresh optimizer."""
+        self.client = client
+        for optimizer in self.trainer.optimizers:
+            optimizer.state.clear()
+
+    def on_client_end(self, client: ClientContext) -> None:
+        """A client has finished its local steps (its weights are about to be aggregated)."""
+
+    def client_lr(self, round_idx: int, local_epoch: int) -> float:
+        """Learning rate of local epoch ``local_epoch`` in round ``round_idx``."""
+        return self.lr * self.lr_decay ** round_idx * self.local_lr_decay ** local_epoch
+
+    # -- Lightning hooks ----------------------------------------------------------------------------------
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum,
+                               weight_decay=self.weight_decay)
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None,
+                                    gradient_clip_algorithm: Optional[str] = None) -> None:
+        if self.grad_clip_norm is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip_norm, gradient_clip_algorithm="norm")
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss, parts = self.client_loss(x, y, self.backbone(x))
+        self.log_dict({f"train/loss_{k}": v.detach() for k, v in parts.items()}, on_step=False, on_epoch=True)
+        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.val_acc.update(self.backbone(x).logits, y)
+
+    def on_validation_epoch_end(self) -> None:
+        acc = self.val_acc.compute().item()
+        self.val_acc.reset()
+        self.acc_ema = acc if self.acc_ema is None else self.ema_decay * self.acc_ema + (1 - self.ema_decay) * acc
+        self.log_dict({"val/acc": acc, "val/acc_ema": self.acc_ema, "step": float(self.current_epoch + 1)},
+                      prog_bar=True)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_end(self) -> None:
+        self.log("test/acc", self.val_acc.compute().item())
+        self.val_acc.reset()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["acc_ema"] = self.acc_ema
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.acc_ema = checkpoint.get("acc_ema")

@@ -1,0 +1,45 @@
+"""The ``fedrcl`` command: LightningCLI over (client algorithm, federated dataset, FederatedTrainer).
+
+    fedrcl fit --config configs/quickstart.yaml
+    fedrcl fit --config configs/cifar100_a005.yaml --model fedrcl.algorithms.FedAvg
+    fedrcl fit --config configs/cifar100_a005.yaml --ckpt_path last
+"""
+from __future__ import annotations
+
+from lightning.pytorch.cli import LightningCLI
+
+from fedrcl.algorithms import FedAvg
+from fedrcl.data.datamodule import FederatedDataModule
+from fedrcl.data.datasets import dataset_info
+from fedrcl.federated.trainer import FederatedTrainer
+
+
+def _num_classes(dataset: str) -> int:
+    return dataset_info(dataset).num_classes
+
+
+def _in_channels(dataset: str) -> int:
+    return dataset_info(dataset).in_channels
+
+
+def _image_size(dataset: str) -> int:
+    return dataset_info(dataset).image_size
+
+
+class FedRCLCLI(LightningCLI):
+    """LightningCLI with the dataset's shape linked into the model, so it is never typed twice."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("data.dataset", "model.init_args.num_classes", compute_fn=_num_classes)
+        parser.link_arguments("data.dataset", "model.init_args.in_channels", compute_fn=_in_channels)
+        parser.link_arguments("data.dataset", "model.init_args.image_size", compute_fn=_image_size)
+
+
+def main(args: list[str] | None = None) -> FedRCLCLI:
+    """Entry point of the ``fedrcl`` console script."""
+    return FedRCLCLI(FedAvg, FederatedDataModule, trainer_class=FederatedTrainer, subclass_mode_model=True,
+                     seed_everything_default=0, save_config_kwargs={"overwrite": True}, args=args)
+
+
+if __name__ == "__main__":
+    main()

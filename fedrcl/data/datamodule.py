@@ -1,0 +1,186 @@
+"""FederatedDataModule: a dataset, its split into clients, and one round's batches served on the device."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal, Optional
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedrcl.data.augment import augment_batch
+from fedrcl.data.datasets import dataset_info, load_dataset
+from fedrcl.data.partition import dirichlet_partition, iid_partition, shard_partition
+
+Partition = Literal["dirichlet", "dirichlet_unbalanced", "shards", "iid"]
+
+
+def stream_seed(*keys: int) -> int:
+    """A 63-bit seed derived from integer keys (seed, round, client, ...), independent per key tuple."""
+    return int(np.random.SeedSequence(list(keys)).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+class FederatedDataModule(L.LightningDataModule):
+    """A federated image dataset: train set split into clients, whole test set for the global model.
+
+    Train and test images live as uint8 tensors on the training device. A batch is one gather with an
+    index tensor followed by augmentation of the whole batch on the device (``fedrcl.data.augment``); no
+    per-sample collate. Batch order and augmentation of client ``k`` in round ``r`` come from a generator
+    seeded by (trainer seed, r, k), so they do not depend on the method, on earlier rounds or on resuming.
+
+    Args:
+        dataset: one of ``cifar10``, ``cifar100``, ``tinyimagenet``, ``digits`` (scikit-learn's 8x8
+            digits, bundled, for offline runs).
+        root: folder holding ``<dataset>.npz`` (made on first use from the raw data found or downloaded here).
+        download: download CIFAR through torchvision when the data is not in ``root``.
+        num_clients: number of clients the train set is split into.
+        partition: ``dirichlet`` (balanced Dirichlet label skew of the FedRCL code: equal client sizes),
+            ``dirichlet_unbalanced`` (classic per-class Dirichlet), ``shards`` (quantity-based label skew),
+            ``iid``.
+        alpha: Dirichlet concentration (> 0); smaller is more skewed. Used by the Dirichlet partitions.
+        shards_per_client: label shards per client (the paper's gamma); used by ``shards``.
+        seed: seed of the client split (the split is a property of the dataset, not of the method).
+        batch_size: local mini-batch size.
+        local_iters_per_epoch: steps per local epoch. ``None``: one pass over the client's data
+            (ceil(n / batch_size) steps, the last batch smaller). An int: exactly that many full batches,
+            drawn from consecutive shuffles of the client's data (the paper: 10).
+        eval_batch_size: batch size for evaluating the global model on the test set.
+        augment: random rotation, crop with padding and horizontal flip on training batches.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "cifar10",
+        root: str = "data",
+        download: bool = False,
+        num_clients: int = 100,
+        partition: Partition = "dirichlet",
+        alpha: float = 0.3,
+        shards_per_client: int = 2,
+        seed: int = 0,
+        batch_size: int = 50,
+        local_iters_per_epoch: Optional[int] = None,
+        eval_batch_size: int = 1000,
+        augment: bool = True,
+    ):
+        super().__init__()
+        self.info = dataset_info(dataset)
+        for key, value in (("num_clients", num_clients), ("batch_size", batch_size),
+                           ("eval_batch_size", eval_batch_size), ("shards_per_client", shards_per_client)):
+            if value < 1:
+                raise ValueError(f"data.{key} must be >= 1, got {value}")
+        if local_iters_per_epoch is not None and local_iters_per_epoch < 1:
+            raise ValueError(f"data.local_iters_per_epoch must be >= 1 or null, got {local_iters_per_epoch}")
+        if partition.startswith("dirichlet") and not alpha > 0:
+            raise ValueError(f"data.alpha must be > 0, got {alpha}")
+        if partition not in Partition.__args__:
+            raise ValueError(f"data.partition must be one of {', '.join(Partition.__args__)}, got {partition!r}")
+        self.dataset, self.root, self.download = dataset, Path(root), download
+        self.num_clients, self.partition, self.alpha = num_clients, partition, alpha
+        self.shards_per_client, self.seed = shards_per_client, seed
+        self.batch_size, self.local_iters_per_epoch = batch_size, local_iters_per_epoch
+        self.eval_batch_size, self.augment = eval_batch_size, augment
+        self.client_indices: list[Tensor] = []
+
+    @property
+    def num_classes(self) -> int:
+        return self.info.num_classes
+
+    def setup(self, stage: str) -> None:
+        """Read the data once, move it to the training device and split the train set into clients."""
+        if self.client_indices:
+            return
+        data = load_dataset(self.dataset, self.root, download=self.download)
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        self.x_train, self.y_train = data.x_train.to(device), data.y_train.to(device)
+        self.x_test, self.y_test = data.x_test.to(device), data.y_test.to(device)
+        self.classes = data.classes
+        self.client_indices = [torch.as_tensor(p, dtype=torch.long, device=device) for p in self.split(data.y_train)]
+        smallest = min(range(self.num_clients), key=lambda k: len(self.client_indices[k]))
+        if len(self.client_indices[smallest]) < self.batch_size:
+            raise ValueError(
+                f"data.batch_size={self.batch_size} is larger than client {smallest}'s "
+                f"{len(self.client_indices[smallest])} samples; lower batch_size or num_clients")
+
+    def split(self, labels: Tensor) -> list[np.ndarray]:
+        """One index array per client, from the configured partition."""
+        labels = labels.numpy()
+        if self.partition == "iid":
+            return iid_partition(labels, self.num_clients, seed=self.seed)
+        if self.partition == "shards":
+            return shard_partition(labels, self.num_clients, self.shards_per_client, seed=self.seed)
+        return dirichlet_partition(labels, self.num_clients, self.alpha, seed=self.seed,
+                                   balanced=self.partition == "dirichlet")
+
+    def client_num_samples(self, client_id: int) -> int:
+        return len(self.client_indices[client_id])
+
+    def client_steps_per_epoch(self, client_id: int) -> int:
+        if self.local_iters_per_epoch is not None:
+            return self.local_iters_per_epoch
+        return -(-self.client_num_samples(client_id) // self.batch_size)
+
+    def client_batches(self, client_id: int, round_idx: int, local_epochs: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """The client's augmented training batches for one round, local epoch after local epoch."""
+        indices = self.client_indices[client_id]
+        n, device = len(indices), indices.device
+        gen = torch.Generator(device=device)
+        gen.manual_seed(stream_seed(seed, round_idx, client_id))
+        steps = self.client_steps_per_epoch(client_id)
+        for _ in range(local_epochs):
+            needed = steps * self.batch_size if self.local_iters_per_epoch is not None else n
+            order = torch.cat([torch.randperm(n, generator=gen, device=device) for _ in range(-(-needed // n))])
+            order = indices[order[:needed]]
+            for start in range(0, needed, self.batch_size):
+                idx = order[start:start + self.batch_size]
+                yield augment_batch(self.x_train[idx], gen, self.info, train=self.augment), self.y_train[idx]
+
+    def train_dataloader(self) -> "RoundBatches":
+        return RoundBatches(self)
+
+    def val_dataloader(self) -> "EvalBatches":
+        return EvalBatches(self)
+
+    def test_dataloader(self) -> "EvalBatches":
+        return EvalBatches(self)
+
+
+class RoundBatches:
+    """The current round's batch stream: each planned client's batches in turn.
+
+    The plan (which clients, how many steps) comes from the trainer's federation for the trainer's
+    current round; Lightning re-reads ``len`` every round.
+    """
+
+    def __init__(self, datamodule: FederatedDataModule):
+        self.datamodule = datamodule
+
+    def _plan(self):
+        trainer = self.datamodule.trainer
+        return trainer.federation.plan(trainer.current_epoch)
+
+    def __len__(self) -> int:
+        return self._plan().total_steps
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        plan, seed = self._plan(), self.datamodule.trainer.federation.seed
+        for client_id in plan.client_ids:
+            yield from self.datamodule.client_batches(client_id, plan.round_idx, plan.local_epochs, seed)
+
+
+class EvalBatches:
+    """The whole test set in order, normalised, in chunks of ``eval_batch_size``."""
+
+    def __init__(self, datamodule: FederatedDataModule):
+        self.datamodule = datamodule
+
+    def __len__(self) -> int:
+        return -(-len(self.datamodule.y_test) // self.datamodule.eval_batch_size)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        dm = self.datamodule
+        for start in range(0, len(dm.y_test), dm.eval_batch_size):
+            end = start + dm.eval_batch_size
+            yield augment_batch(dm.x_test[start:end], None, dm.info, train=False), dm.y_test[start:end]
