@@ -1,0 +1,38 @@
+"""Shared fixtures: a digits npz built once per session, and a helper that runs the CLI in-process."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedrcl.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+# FEDRCL_TEST_ACCELERATOR=cuda runs the end-to-end tests on a GPU (bench/gpu_check.sh); default CPU.
+ACCELERATOR = os.environ.get("FEDRCL_TEST_ACCELERATOR", "cpu")
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory) -> Path:
+    from fedrcl.data.datasets import load_dataset
+
+    root = tmp_path_factory.mktemp("data")
+    load_dataset("digits", root)
+    return root
+
+
+def run_cli(data_root: Path, save_dir: Path, *extra: str, subcommand: str = "fit", rounds: int = 2,
+            model: str = "fedrcl.algorithms.FedRCL"):
+    """Run ``fedrcl <subcommand>`` on the quickstart config shrunk to a few seconds; returns the CLI."""
+    torch.set_num_threads(1)
+    args = [subcommand, "--config", str(REPO / "configs" / "quickstart.yaml"),
+            "--model", model,
+            "--data.root", str(data_root), "--data.num_clients", "10",
+            "--trainer.accelerator", ACCELERATOR,
+            "--trainer.logger.init_args.save_dir", str(save_dir),
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    if subcommand == "fit":
+        args += ["--trainer.rounds", str(rounds), "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3"]
+    return main([*args, *extra])

@@ -1,0 +1,101 @@
+"""End to end through ``fedrcl fit`` on digits: logging, checkpoints, resume, one model object."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import run_cli
+
+
+def scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def load_ckpt(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def test_fit_logs_every_round_and_checkpoints(data_root, tmp_path):
+    cli = run_cli(data_root, tmp_path, rounds=3)
+    log_dir = Path(cli.trainer.logger.log_dir)
+    acc = scalars(log_dir, "val/acc")
+    assert [s for s, _ in acc] == [1, 2, 3]  # x-axis is the round
+    assert all(0.0 <= v <= 1.0 for _, v in acc)
+    ema = scalars(log_dir, "val/acc_ema")
+    assert ema[0][1] == pytest.approx(acc[0][1])
+    assert ema[-1][1] == pytest.approx(0.9 * (0.9 * acc[0][1] + 0.1 * acc[1][1]) + 0.1 * acc[2][1], abs=1e-6)
+    for tag in ("train/loss", "train/loss_ce", "train/loss_scl", "train/loss_penalty", "train/loss_scl_level0",
+                "train/lr", "time/round_seconds"):
+        assert len(scalars(log_dir, tag)) == 3, tag
+    lrs = [v for _, v in scalars(log_dir, "train/lr")]
+    assert lrs == pytest.approx([0.05, 0.05 * 0.998, 0.05 * 0.998 ** 2])
+    ckpt = load_ckpt(log_dir / "checkpoints" / "last.ckpt")
+    assert ckpt["epoch"] == 2 and "Federation" in "".join(ckpt["callbacks"])
+
+
+def test_one_model_and_one_optimizer_for_all_clients(data_root, tmp_path, monkeypatch):
+    from fedrcl.algorithms import FedAvg
+
+    built = []
+    original = FedAvg.configure_optimizers
+    monkeypatch.setattr(FedAvg, "configure_optimizers", lambda self: built.append(1) or original(self))
+    cli = run_cli(data_root, tmp_path, rounds=2, model="fedrcl.algorithms.FedAvg")
+    assert len(built) == 1
+    assert cli.trainer.optimizers[0].param_groups[0]["params"][0] is next(cli.model.backbone.parameters())
+
+
+def test_resume_gives_the_same_curve_and_weights(data_root, tmp_path):
+    full = run_cli(data_root, tmp_path / "full", rounds=4)
+    run_cli(data_root, tmp_path / "split", rounds=2)
+    resumed = run_cli(data_root, tmp_path / "split", "--ckpt_path", "last", rounds=4)
+    full_dir, resumed_dir = Path(full.trainer.logger.log_dir), Path(resumed.trainer.logger.log_dir)
+    assert resumed_dir.name == "version_1"  # a resumed run writes a new version; nothing is overwritten
+    assert (resumed_dir.parent / "version_0" / "checkpoints" / "last.ckpt").exists()
+    a, b = load_ckpt(full_dir / "checkpoints" / "last.ckpt"), load_ckpt(resumed_dir / "checkpoints" / "last.ckpt")
+    assert a.keys() >= {"state_dict", "callbacks", "acc_ema"}
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    assert a["acc_ema"] == b["acc_ema"]
+    assert scalars(full_dir, "val/acc")[2:] == scalars(resumed_dir, "val/acc")
+
+
+def test_methods_see_the_same_clients(data_root, tmp_path):
+    plans = []
+    for model in ("fedrcl.algorithms.FedAvg", "fedrcl.algorithms.FedRCL"):
+        cli = run_cli(data_root, tmp_path / model, rounds=1, model=model)
+        plans.append([cli.trainer.federation.plan(r).client_ids for r in range(5)])
+    assert plans[0] == plans[1]
+
+
+def test_fedavg_round_equals_a_raw_pytorch_round(data_root, tmp_path):
+    """One framework round == load global, plain SGD on each client's batches, sample-weighted mean."""
+    from fedrcl.federated.sampling import sample_clients
+
+    cli = run_cli(data_root, tmp_path, "--model.init_args.lr", "0.1", rounds=1, model="fedrcl.algorithms.FedAvg")
+    model, dm, fed = cli.model, cli.datamodule, cli.trainer.federation
+    after = {k: v.clone() for k, v in model.backbone.state_dict().items()}
+
+    torch.manual_seed(0)  # seed_everything(0) before the model was built: the same initial weights
+    start = type(model.backbone)(10, 1, 8, conv_padding=2).state_dict()
+    clients = sample_clients(dm.num_clients, 3, fed.seed, 0)
+    total, weight = {k: torch.zeros_like(v) for k, v in start.items()}, 0
+    net = type(model.backbone)(10, 1, 8, conv_padding=2)
+    for client_id in clients:
+        net.load_state_dict(start)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1, weight_decay=1e-3)
+        for x, y in dm.client_batches(client_id, 0, 1, fed.seed):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x).logits, y).backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 10.0)
+            opt.step()
+        n = dm.client_num_samples(client_id)
+        for k, v in net.state_dict().items():
+            total[k] += n * v
+        weight += n
+    for k, v in total.items():
+        torch.testing.assert_close(after[k], v / weight, rtol=1e-5, atol=1e-6)
