@@ -1,5 +1,10 @@
 """Client algorithms: one LightningModule each, differing from FedAvg only in their hooks."""
 from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.algorithms.fedrcl import FedRCL, FedSCL
+from fedrcl.algorithms.fedprox import FedProx
+from fedrcl.algorithms.fedlc import FedLC
+from fedrcl.algorithms.feddecorr import FedDecorr
+from fedrcl.algorithms.fedntd import FedNTD
+from fedrcl.algorithms.fitnet import FitNet
 
-__all__ = ["FedAvg", "FedRCL", "FedSCL"]
+__all__ = ["FedAvg", "FedRCL", "FedSCL", "FedProx", "FedLC", "FedDecorr", "FedNTD", "FitNet"]

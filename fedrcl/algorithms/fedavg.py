@@ -103,9 +103,22 @@ class FedAvg(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         loss, parts = self.client_loss(x, y, self.backbone(x))
-        self.log_dict({f"train/loss_{k}": v.detach() for k, v in parts.items()}, on_step=False, on_epoch=True)
-        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, prog_bar=True)
+        server_term = self.trainer.federation.server.client_regularizer(
+            dict(self.backbone.named_parameters()), self.client.global_state)
+        if server_term is not None:  # a term the server optimizer adds to every client's loss (FedACG)
+            loss, parts["server"] = loss + server_term, server_term
+        # Summed on the device and logged once per round: per-step self.log calls cost more than a CNN step.
+        for key, value in (("loss", loss), *((f"loss_{k}", v) for k, v in parts.items())):
+            self._round_loss_sums[key] = self._round_loss_sums.get(key, 0.0) + value.detach()
+        self._round_steps += 1
         return loss
+
+    def on_train_epoch_start(self) -> None:
+        self._round_loss_sums: dict[str, Tensor] = {}
+        self._round_steps = 0
+
+    def on_train_epoch_end(self) -> None:
+        self.log_dict({f"train/{k}": v / self._round_steps for k, v in self._round_loss_sums.items()})
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch

@@ -1,4 +1,11 @@
-"""Server optimizers: how the clients' average becomes the next global model."""
-from fedrcl.server.base import FedAvg, ServerOptimizer
+"""Server optimizers: what clients receive and how their average becomes the next global model.
 
-__all__ = ["FedAvg", "ServerOptimizer"]
+Picked with ``trainer.server`` (class path plus init_args), e.g. ``--config configs/server/fedacg.yaml``.
+"""
+from fedrcl.server.base import FedAvg, ServerOptimizer, StatefulServer
+from fedrcl.server.fedacg import FedACG
+from fedrcl.server.fedavgm import FedAvgM
+from fedrcl.server.fedopt import FedAdagrad, FedAdam, FedOpt, FedYogi
+
+__all__ = ["FedACG", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedYogi", "ServerOptimizer",
+           "StatefulServer"]
