@@ -80,11 +80,12 @@ def test_fedavg_round_equals_a_raw_pytorch_round(data_root, tmp_path):
     model, dm, fed = cli.model, cli.datamodule, cli.trainer.federation
     after = {k: v.clone() for k, v in model.backbone.state_dict().items()}
 
+    device = dm.x_train.device
     torch.manual_seed(0)  # seed_everything(0) before the model was built: the same initial weights
-    start = type(model.backbone)(10, 1, 8, conv_padding=2).state_dict()
+    start = type(model.backbone)(10, 1, 8, conv_padding=2).to(device).state_dict()
     clients = sample_clients(dm.num_clients, 3, fed.seed, 0)
     total, weight = {k: torch.zeros_like(v) for k, v in start.items()}, 0
-    net = type(model.backbone)(10, 1, 8, conv_padding=2)
+    net = type(model.backbone)(10, 1, 8, conv_padding=2).to(device)
     for client_id in clients:
         net.load_state_dict(start)
         opt = torch.optim.SGD(net.parameters(), lr=0.1, weight_decay=1e-3)
