@@ -3,7 +3,7 @@
 # the CIFAR-10 alpha 0.1 curves of docs/results.md (ResNet-18-GN width 8: FedAvg/FedSCL/FedRCL, 100
 # rounds; width 64: FedAvg vs FedRCL for as many rounds as fit in RUN_SECONDS).
 # Needs, carried beside the tree: .whl/ (jsonargparse wheels; that machine lacks them) and the real
-# CIFAR-10 as xz parts in .gpudata*/ (bench/gpu_data.sh makes them). Everything lands in $OUT.
+# CIFAR-10 npz split into parts in .gpudata*/ (split -b 60000000; each device call carries at most 64 MiB). Everything lands in $OUT.
 set -u
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 limit=${RUN_SECONDS:-400}
@@ -11,12 +11,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 -c "import torch, lightning, jsonargparse; print('torch', torch.__version__, 'lightning', lightning.__version__)"
-mkdir -p /tmp/data && cat .gpudata*/cifar10.npz.xz.part* | xz -d > /tmp/data/cifar10.npz || exit 1
+mkdir -p /tmp/data && cat .gpudata*/cifar10.npz.part* > /tmp/data/cifar10.npz || exit 1
 
 run() {  # name, extra args...
   local name=$1; shift
   timeout -s INT "$limit" python3 -m fedrcl.cli fit --config configs/cpu/cifar10_a01_resnet8.yaml \
-    --data.root /tmp/data --trainer.accelerator gpu --trainer.logger.init_args.save_dir /tmp/runs \
+    --data.root /tmp/data --trainer.accelerator ${ACCEL:-gpu} --trainer.logger.init_args.save_dir /tmp/runs \
     --trainer.logger.init_args.name "$name" "$@" > "/tmp/$name.log" 2>&1
 }
 run r8_fedavg --model fedrcl.algorithms.FedAvg &
