@@ -14,6 +14,17 @@ REPO = Path(__file__).resolve().parents[1]
 ACCELERATOR = os.environ.get("FEDRCL_TEST_ACCELERATOR", "cpu")
 
 
+def assert_same_state(a: dict, b: dict) -> None:
+    """Resume equality: bitwise on CPU (the reproducibility guarantee); close on CUDA, whose convolution
+    and pooling backward kernels are not deterministic."""
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        if ACCELERATOR == "cpu":
+            assert torch.equal(value, b[key]), key
+        else:
+            torch.testing.assert_close(value, b[key], rtol=1e-3, atol=1e-4, msg=key)
+
+
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory) -> Path:
     from fedrcl.data.datasets import load_dataset

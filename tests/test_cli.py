@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import run_cli
+from conftest import ACCELERATOR, assert_same_state, run_cli
 
 
 def scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -33,7 +33,7 @@ def test_fit_logs_every_round_and_checkpoints(data_root, tmp_path):
                 "train/lr", "time/round_seconds"):
         assert len(scalars(log_dir, tag)) == 3, tag
     lrs = [v for _, v in scalars(log_dir, "train/lr")]
-    assert lrs == pytest.approx([0.05, 0.05 * 0.998, 0.05 * 0.998 ** 2])
+    assert lrs == pytest.approx([0.1, 0.1 * 0.998, 0.1 * 0.998 ** 2])
     ckpt = load_ckpt(log_dir / "checkpoints" / "last.ckpt")
     assert ckpt["epoch"] == 2 and "Federation" in "".join(ckpt["callbacks"])
 
@@ -58,10 +58,12 @@ def test_resume_gives_the_same_curve_and_weights(data_root, tmp_path):
     assert (resumed_dir.parent / "version_0" / "checkpoints" / "last.ckpt").exists()
     a, b = load_ckpt(full_dir / "checkpoints" / "last.ckpt"), load_ckpt(resumed_dir / "checkpoints" / "last.ckpt")
     assert a.keys() >= {"state_dict", "callbacks", "acc_ema"}
-    for key, value in a["state_dict"].items():
-        assert torch.equal(value, b["state_dict"][key]), key
-    assert a["acc_ema"] == b["acc_ema"]
-    assert scalars(full_dir, "val/acc")[2:] == scalars(resumed_dir, "val/acc")
+    assert_same_state(a["state_dict"], b["state_dict"])
+    tolerance = 0 if ACCELERATOR == "cpu" else 0.01
+    assert a["acc_ema"] == pytest.approx(b["acc_ema"], abs=tolerance)
+    full_curve, resumed_curve = scalars(full_dir, "val/acc")[2:], scalars(resumed_dir, "val/acc")
+    assert [s for s, _ in full_curve] == [s for s, _ in resumed_curve] == [3, 4]
+    assert [v for _, v in full_curve] == pytest.approx([v for _, v in resumed_curve], abs=tolerance)
 
 
 def test_methods_see_the_same_clients(data_root, tmp_path):
@@ -99,4 +101,4 @@ def test_fedavg_round_equals_a_raw_pytorch_round(data_root, tmp_path):
             total[k] += n * v
         weight += n
     for k, v in total.items():
-        torch.testing.assert_close(after[k], v / weight, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(after[k], (v / weight).to(after[k].device), rtol=1e-5, atol=1e-6)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, run_cli
+from conftest import REPO, assert_same_state, run_cli
 from fedrcl.server import (FedACG, FedAdagrad, FedAdam, FedAvg, FedAvgM, FedYogi, ServerOptimizer,
                            StatefulServer)
 from test_cli import load_ckpt, scalars
@@ -241,11 +241,9 @@ def test_resume_with_server_memory_gives_the_same_weights(data_root, tmp_path, s
     full_dir, resumed_dir = Path(full.trainer.logger.log_dir), Path(resumed.trainer.logger.log_dir)
     assert resumed_dir.name == "version_1"
     a, b = load_ckpt(full_dir / "checkpoints" / "last.ckpt"), load_ckpt(resumed_dir / "checkpoints" / "last.ckpt")
-    for key, value in a["state_dict"].items():
-        assert torch.equal(value, b["state_dict"][key]), key
+    assert_same_state(a["state_dict"], b["state_dict"])
     memory_a, memory_b = a["callbacks"]["Federation"]["server"], b["callbacks"]["Federation"]["server"]
     assert memory_a.keys() == memory_b.keys() and memory_a
     for name in memory_a:
-        for key, value in memory_a[name].items():
-            assert torch.equal(value, memory_b[name][key]), (name, key)
+        assert_same_state(memory_a[name], memory_b[name])
     assert scalars(full_dir, "val/acc")[2:] == scalars(resumed_dir, "val/acc")
