@@ -102,3 +102,12 @@ def test_fedavg_round_equals_a_raw_pytorch_round(data_root, tmp_path):
         weight += n
     for k, v in total.items():
         torch.testing.assert_close(after[k], (v / weight).to(after[k].device), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("subcommand, key", [("test", "test/acc"), ("validate", "val/acc")])
+def test_evaluate_a_checkpoint(data_root, tmp_path, subcommand, key):
+    fit = run_cli(data_root, tmp_path, rounds=2)
+    log_dir = Path(fit.trainer.logger.log_dir)
+    evaluated = run_cli(data_root, tmp_path, "--ckpt_path", str(log_dir / "checkpoints" / "last.ckpt"),
+                        subcommand=subcommand)
+    assert evaluated.trainer.callback_metrics[key].item() == pytest.approx(scalars(log_dir, "val/acc")[-1][1])
