@@ -35,10 +35,15 @@ class FedRCLCLI(LightningCLI):
         parser.link_arguments("data.dataset", "model.init_args.image_size", compute_fn=_image_size)
 
 
-def main(args: list[str] | None = None) -> FedRCLCLI:
-    """Entry point of the ``fedrcl`` console script."""
+def build_cli(args: list[str] | None = None) -> FedRCLCLI:
+    """Parse ``args`` (default: the command line), then run the subcommand; returns the CLI object."""
     return FedRCLCLI(FedAvg, FederatedDataModule, trainer_class=FederatedTrainer, subclass_mode_model=True,
                      seed_everything_default=0, save_config_kwargs={"overwrite": True}, args=args)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of the ``fedrcl`` console script (exit status 0 on success)."""
+    build_cli(args)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedrcl.cli import main
+from fedrcl.cli import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
 # FEDRCL_TEST_ACCELERATOR=cuda runs the end-to-end tests on a GPU (bench/gpu_check.sh); default CPU.
@@ -46,4 +46,4 @@ def run_cli(data_root: Path, save_dir: Path, *extra: str, subcommand: str = "fit
             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
     if subcommand == "fit":
         args += ["--trainer.rounds", str(rounds), "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3"]
-    return main([*args, *extra])
+    return build_cli([*args, *extra])

@@ -111,3 +111,19 @@ def test_evaluate_a_checkpoint(data_root, tmp_path, subcommand, key):
     evaluated = run_cli(data_root, tmp_path, "--ckpt_path", str(log_dir / "checkpoints" / "last.ckpt"),
                         subcommand=subcommand)
     assert evaluated.trainer.callback_metrics[key].item() == pytest.approx(scalars(log_dir, "val/acc")[-1][1])
+
+
+def test_console_script_exits_zero(data_root, tmp_path):
+    """``fedrcl fit`` as a user runs it: a separate process, exit status 0."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    result = subprocess.run(
+        [sys.executable, "-c", "from fedrcl.cli import main; raise SystemExit(main())", "fit",
+         "--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(data_root),
+         "--trainer.rounds", "1", "--trainer.enable_progress_bar", "false",
+         "--trainer.logger.init_args.save_dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]

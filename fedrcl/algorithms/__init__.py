@@ -6,5 +6,10 @@ from fedrcl.algorithms.fedlc import FedLC
 from fedrcl.algorithms.feddecorr import FedDecorr
 from fedrcl.algorithms.fedntd import FedNTD
 from fedrcl.algorithms.fitnet import FitNet
+from fedrcl.algorithms.moon import MOON
+from fedrcl.algorithms.fedmlb import FedMLB
+from fedrcl.algorithms.fedproc import FedProc
+from fedrcl.algorithms.fedcl import FedCL
 
-__all__ = ["FedAvg", "FedRCL", "FedSCL", "FedProx", "FedLC", "FedDecorr", "FedNTD", "FitNet"]
+__all__ = ["FedAvg", "FedRCL", "FedSCL", "FedProx", "FedLC", "FedDecorr", "FedNTD", "FitNet", "MOON", "FedMLB",
+           "FedProc", "FedCL"]

@@ -77,6 +77,10 @@ class FedAvg(L.LightningModule):
         ce = F.cross_entropy(out.logits, y)
         return ce, {"ce": ce}
 
+    def client_forward(self, x: Tensor) -> ModelOutput:
+        """The local model's forward pass in training (FedMLB overrides it to keep the unpooled maps)."""
+        return self.backbone(x)
+
     def on_client_start(self, client: ClientContext) -> None:
         """A client begins local training from ``client.global_state`` (already loaded): fresh optimizer."""
         self.client = client
@@ -102,7 +106,7 @@ class FedAvg(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
-        loss, parts = self.client_loss(x, y, self.backbone(x))
+        loss, parts = self.client_loss(x, y, self.client_forward(x))
         server_term = self.trainer.federation.server.client_regularizer(
             dict(self.backbone.named_parameters()), self.client.global_state)
         if server_term is not None:  # a term the server optimizer adds to every client's loss (FedACG)

@@ -1,0 +1,34 @@
+"""Representation analysis: the paper's metrics, a monitoring callback, run and partition pictures.
+
+- ``metrics``: ``effective_rank``, ``class_covariances``, ``variability_collapse_index``,
+  ``deviation_bound`` (pure functions, float64 inside).
+- ``monitor``: ``RepresentationMonitor``, a Lightning callback logging them to TensorBoard every N rounds.
+- ``runs``: ``find_runs``, ``load_scalars`` read runs back from their TensorBoard logs.
+- ``clients``: ``partition_counts``; ``python -m fedrcl.analysis.partitions`` writes a partition PNG.
+- ``plots``: ``plot_partition``, ``plot_runs``, ``plot_levels`` (matplotlib, imported on first use).
+"""
+from fedrcl.analysis.clients import partition_counts
+from fedrcl.analysis.metrics import (
+    class_covariances,
+    deviation_bound,
+    effective_rank,
+    variability_collapse_index,
+)
+from fedrcl.analysis.monitor import RepresentationMonitor
+from fedrcl.analysis.plots import LEVEL_METRICS, plot_levels, plot_partition, plot_runs
+from fedrcl.analysis.runs import find_runs, load_scalars
+
+__all__ = [
+    "LEVEL_METRICS",
+    "RepresentationMonitor",
+    "class_covariances",
+    "deviation_bound",
+    "effective_rank",
+    "find_runs",
+    "load_scalars",
+    "partition_counts",
+    "plot_levels",
+    "plot_partition",
+    "plot_runs",
+    "variability_collapse_index",
+]

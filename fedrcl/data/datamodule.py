@@ -48,6 +48,10 @@ class FederatedDataModule(L.LightningDataModule):
             drawn from consecutive shuffles of the client's data (the paper: 10).
         eval_batch_size: batch size for evaluating the global model on the test set.
         augment: random rotation, crop with padding and horizontal flip on training batches.
+        views: independently augmented views of each training batch (2 for two-view methods such as
+            FedCL). With V views a batch of B images is ``(cat([x_1, ..., x_V]), y.repeat(V))``: ``V * B``
+            rows, view ``v`` in rows ``v*B:(v+1)*B``. The first view draws the same random numbers as with
+            ``views: 1``; the others draw after it.
     """
 
     def __init__(
@@ -64,10 +68,11 @@ class FederatedDataModule(L.LightningDataModule):
         local_iters_per_epoch: Optional[int] = None,
         eval_batch_size: int = 1000,
         augment: bool = True,
+        views: int = 1,
     ):
         super().__init__()
         self.info = dataset_info(dataset)
-        for key, value in (("num_clients", num_clients), ("batch_size", batch_size),
+        for key, value in (("num_clients", num_clients), ("batch_size", batch_size), ("views", views),
                            ("eval_batch_size", eval_batch_size), ("shards_per_client", shards_per_client)):
             if value < 1:
                 raise ValueError(f"data.{key} must be >= 1, got {value}")
@@ -81,7 +86,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.num_clients, self.partition, self.alpha = num_clients, partition, alpha
         self.shards_per_client, self.seed = shards_per_client, seed
         self.batch_size, self.local_iters_per_epoch = batch_size, local_iters_per_epoch
-        self.eval_batch_size, self.augment = eval_batch_size, augment
+        self.eval_batch_size, self.augment, self.views = eval_batch_size, augment, views
         self.client_indices: list[Tensor] = []
 
     @property
@@ -135,7 +140,13 @@ class FederatedDataModule(L.LightningDataModule):
             order = indices[order[:needed]]
             for start in range(0, needed, self.batch_size):
                 idx = order[start:start + self.batch_size]
-                yield augment_batch(self.x_train[idx], gen, self.info, train=self.augment), self.y_train[idx]
+                x = augment_batch(self.x_train[idx], gen, self.info, train=self.augment)
+                if self.views == 1:
+                    yield x, self.y_train[idx]
+                else:
+                    more = [augment_batch(self.x_train[idx], gen, self.info, train=self.augment)
+                            for _ in range(self.views - 1)]
+                    yield torch.cat([x, *more]), self.y_train[idx].repeat(self.views)
 
     def train_dataloader(self) -> "RoundBatches":
         return RoundBatches(self)

@@ -64,6 +64,25 @@ class SmallCNN(nn.Module):
         self.fc = nn.Linear(192, num_classes)
         self.feature_dims: list[int] = [32, 64, 384, 192]
 
+    def forward_level(self, level: int, h: Tensor) -> Tensor:
+        """Feature level ``level`` alone, before its ReLU (conv levels: the full map, not pooled).
+
+        ``h`` is the level's input: the image for level 0, otherwise ``relu`` of level ``level - 1``'s
+        output (the max-pool and flatten between levels belong to the later level). Stepping
+        ``h = relu(forward_level(l, h))`` through every level and then ``forward_head(h)`` is ``forward``.
+        """
+        if level == 0:
+            return self.conv1(h)
+        if level == 1:
+            return self.conv2(self.pool(h))
+        if level == 2:
+            return self.fc1(self.pool(h).flatten(1))
+        return self.fc2(h)
+
+    def forward_head(self, h: Tensor) -> Tensor:
+        """Logits from ``relu`` of the last level's output."""
+        return self.fc(h)
+
     def forward(self, x: Tensor) -> ModelOutput:
         features: list[Tensor] = []
         pre = self.conv1(x)

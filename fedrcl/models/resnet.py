@@ -140,6 +140,24 @@ class ResNet18(nn.Module):
             out = torch.relu(pre)
         return _gap(out), features
 
+    def forward_level(self, level: int, h: Tensor) -> Tensor:
+        """Feature level ``level`` alone, before its ReLU (the full map, not pooled).
+
+        ``h`` is the level's input: the image for level 0, otherwise ``relu`` of level ``level - 1``'s
+        output. Stepping ``h = relu(forward_level(l, h))`` through every level and then ``forward_head(h)``
+        is ``forward``; starting at a later level with another model's ``h`` grafts two networks (FedMLB).
+        """
+        if level == 0:
+            return self.bn1(self.conv1(h))
+        stage = (self.layer1, self.layer2, self.layer3, self.layer4)[level - 1]
+        for block in stage[:-1]:
+            h = block(h)
+        return stage[-1].forward_preact(h)
+
+    def forward_head(self, h: Tensor) -> Tensor:
+        """Logits from ``relu`` of the last level's output: global average pool, then ``fc``."""
+        return self.fc(_gap(h))
+
     def forward(self, x: Tensor) -> ModelOutput:
         pooled, features = self.forward_features(x)
         return ModelOutput(logits=self.fc(pooled), features=features)

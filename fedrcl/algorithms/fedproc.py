@@ -1,0 +1,134 @@
+"""FedProc client (Mu et al., "FedProc: Prototypical Contrastive Federated Learning on Non-IID Data", Future
+Generation Computer Systems 2023).
+
+    loss = (1 - alpha_t) * CE(f(x), y) + alpha_t * L_pc(z, y; c),   alpha_t = 1 - t / T
+
+with ``z`` the last feature level (pooled, before its ReLU), ``c`` the global class prototypes and ``L_pc``
+the prototypical contrastive loss (``fedrcl.losses.prototype_contrastive``); ``t`` is the round index and ``T``
+the run's rounds (``anneal_rounds``), so the CE weight grows from 0 to 1 while the prototype term fades (the paper's annealed
+hybrid loss). Round 0 has no prototypes yet: its clients train on CE alone (weight 1), since the paper's
+schedule would give them no loss at all.
+
+Server side (``PrototypeServer``): after local training each client computes, on its own data and with its
+own final weights, the per-class sums of ``z`` (un-augmented images) and its per-class counts, and reports
+only these. The server adds the reports up; at the next round's start it divides sums by counts, which is
+the count-weighted mean of the clients' class means. It never sees an image or a label.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedrcl.algorithms.fedavg import FedAvg
+from fedrcl.data.augment import to_normalized
+from fedrcl.federated.context import ClientContext
+from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
+from fedrcl.models.output import ModelOutput
+
+
+class PrototypeServer:
+    """Global class prototypes from the clients' reports (class feature sums and counts).
+
+    ``prototypes`` (``[C, D]``) and ``available`` (``[C]``, classes some client has reported) hold the result
+    of the last finished round; ``report`` adds a client's statistics to the current round; ``finish_round``
+    turns them into new prototypes (classes nobody reported keep their previous prototype).
+    """
+
+    def __init__(self) -> None:
+        self.prototypes: Optional[Tensor] = None
+        self.available: Optional[Tensor] = None
+        self._sums: Optional[Tensor] = None
+        self._counts: Optional[Tensor] = None
+
+    def report(self, sums: Tensor, counts: Tensor) -> None:
+        self._sums = sums if self._sums is None else self._sums + sums
+        self._counts = counts if self._counts is None else self._counts + counts
+
+    def finish_round(self, reduce: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """Fold the pending reports into the prototypes (``reduce`` sums them across processes)."""
+        if self._sums is None:
+            return
+        sums, counts = self._sums, self._counts
+        if reduce is not None:
+            sums, counts = reduce(sums), reduce(counts)
+        seen = counts > 0
+        if self.prototypes is None:
+            self.prototypes, self.available = torch.zeros_like(sums), torch.zeros_like(seen)
+        self.prototypes = torch.where(seen.unsqueeze(1), sums / counts.clamp(min=1).unsqueeze(1), self.prototypes)
+        self.available = self.available | seen
+        self._sums = self._counts = None
+
+    def state_dict(self) -> dict[str, Optional[Tensor]]:
+        return {"prototypes": self.prototypes, "available": self.available, "sums": self._sums,
+                "counts": self._counts}
+
+    def load_state_dict(self, state: dict[str, Optional[Tensor]]) -> None:
+        self.prototypes, self.available = state["prototypes"], state["available"]
+        self._sums, self._counts = state["sums"], state["counts"]
+
+
+class FedProc(FedAvg):
+    """Annealed mix of cross-entropy and contrastive alignment to the global class prototypes.
+
+    Args:
+        temperature: temperature of the prototype softmax (cosine similarities); must be > 0.
+        anneal_rounds: T of the schedule alpha_t = 1 - t / T; null: the run's ``trainer.rounds`` (set it to
+            keep the schedule when a run is resumed with more rounds).
+    """
+
+    def __init__(self, temperature: float = 1.0, anneal_rounds: Optional[int] = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        if temperature <= 0:
+            raise ValueError(f"model.temperature must be > 0, got {temperature}")
+        if anneal_rounds is not None and anneal_rounds < 1:
+            raise ValueError(f"model.anneal_rounds must be >= 1 or null, got {anneal_rounds}")
+        self.temperature, self.anneal_rounds = temperature, anneal_rounds
+        self.prototype_server = PrototypeServer()
+
+    def proto_weight(self, round_idx: int) -> float:
+        """alpha_t = 1 - t / T (0 while there are no prototypes)."""
+        if self.prototype_server.prototypes is None:
+            return 0.0
+        return max(0.0, 1.0 - round_idx / (self.anneal_rounds or self.trainer.max_epochs))
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        reduce = None
+        if self.trainer.world_size > 1:
+            reduce = lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")  # noqa: E731
+        self.prototype_server.finish_round(reduce)
+
+    def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        ce = F.cross_entropy(out.logits, y)
+        alpha = self.proto_weight(self.client.round_idx)
+        if alpha == 0.0:
+            return ce, {"ce": ce, "proto": torch.zeros_like(ce)}
+        proto = prototype_contrastive_loss(out.features[-1], y, self.prototype_server.prototypes.to(ce.device),
+                                           self.prototype_server.available.to(ce.device), self.temperature)
+        return (1 - alpha) * ce + alpha * proto, {"ce": ce, "proto": proto}
+
+    @torch.no_grad()
+    def on_client_end(self, client: ClientContext) -> None:
+        """The client reports class sums and counts of its representations (computed on its own data)."""
+        dm = self.trainer.datamodule
+        indices = dm.client_indices[client.client_id]
+        sums = counts = None
+        for start in range(0, len(indices), dm.eval_batch_size):
+            idx = indices[start:start + dm.eval_batch_size]
+            z = self.backbone(to_normalized(dm.x_train[idx], dm.info)).features[-1].float()
+            s, c = class_feature_sums(z, dm.y_train[idx], dm.num_classes)
+            sums, counts = (s, c) if sums is None else (sums + s, counts + c)
+        self.prototype_server.report(sums, counts)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["prototype_server"] = self.prototype_server.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if "prototype_server" in checkpoint:
+            self.prototype_server.load_state_dict(checkpoint["prototype_server"])

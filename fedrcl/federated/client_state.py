@@ -1,0 +1,130 @@
+"""Per-client persistent state (MOON's previous local model, ...) in safetensors files, loaded on demand.
+
+A federation with 500 clients cannot hold 500 ResNet-18s (45 MB each) in memory. ``ClientStateStore``
+keeps one safetensors file per client and version on disk, reads only the clients a round trains, and
+holds at most ``max_in_memory`` states in a CPU read cache (least recently used first out).
+
+Writes go straight to disk (write-through), so a crash never loses a state that a checkpoint refers to.
+Resume is exact because files are versioned by round: ``client00042_round00017.safetensors``. The store's
+``state_dict()`` (saved inside the Lightning checkpoint) is its *manifest*, client -> absolute file path;
+taking it marks those files as committed. A client's older version is deleted as soon as it is neither
+current nor committed, so each client has at most two files (the committed one and a newer one written
+since the last checkpoint). A resumed run loads the manifest from its checkpoint, reads each client's
+committed file wherever it lies (the interrupted run's folder is never written to or cleaned), and writes
+new versions into its own folder. Only the newest checkpoint of a run resumes exactly: files that older
+checkpoints refer to may have been cleaned up; reading one then fails with a clear error.
+
+Cost: a state costs its tensors' bytes (ResNet-18, float32: 44.7 MB) once per client on disk (twice for
+clients trained since the last checkpoint), and at most ``max_in_memory`` of them in CPU memory.
+Single-process only: with several processes each would need its own manifest in the checkpoint.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+
+def state_nbytes(state: Mapping[str, Tensor]) -> int:
+    """Bytes held by the tensors of ``state``."""
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+class ClientStateStore:
+    """One state dict (``str -> Tensor``) per client, on disk, with a bounded CPU read cache.
+
+    Args:
+        directory: folder of this run's files (created on first write).
+        max_in_memory: most client states kept in the CPU cache (0: every read goes to disk).
+    """
+
+    def __init__(self, directory: Union[str, Path], max_in_memory: int = 8):
+        if max_in_memory < 0:
+            raise ValueError(f"max_in_memory must be >= 0, got {max_in_memory}")
+        self.directory = Path(directory).resolve()
+        self.max_in_memory = max_in_memory
+        self._files: dict[int, Path] = {}       # current version of each client
+        self._committed: dict[int, Path] = {}   # the version the last checkpoint refers to
+        self._cache: OrderedDict[int, dict[str, Tensor]] = OrderedDict()
+        self.bytes_in_memory = 0
+
+    def __contains__(self, client_id: int) -> bool:
+        return client_id in self._files
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def put(self, client_id: int, state: Mapping[str, Tensor], round_idx: int) -> None:
+        """Store a copy of ``state`` (any device) as client ``client_id``'s state after round ``round_idx``."""
+        cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"client{client_id:05d}_round{round_idx:05d}.safetensors"
+        tmp = path.with_suffix(".tmp")
+        save_file(cpu, str(tmp), metadata={"client_id": str(client_id), "round_idx": str(round_idx)})
+        os.replace(tmp, path)  # atomic: a crash leaves the old version or the new one, never half a file
+        old = self._files.get(client_id)
+        self._files[client_id] = path
+        if old is not None and old != path:
+            self._discard(old)
+        self._remember(client_id, cpu)
+
+    def get(self, client_id: int, device: Optional[torch.device] = None) -> Optional[dict[str, Tensor]]:
+        """Client ``client_id``'s state (``None`` if it has none), on ``device`` (default CPU).
+
+        Cached tensors are shared with the cache when ``device`` is the CPU: do not modify them in place.
+        """
+        if client_id not in self._files:
+            return None
+        state = self._cache.get(client_id)
+        if state is not None:
+            self._cache.move_to_end(client_id)
+        else:
+            path = self._files[client_id]
+            if not path.exists():
+                raise FileNotFoundError(f"client {client_id}'s state {path} is missing: resume from the run's "
+                                        "newest checkpoint (older ones may refer to cleaned-up files)")
+            state = load_file(str(path))
+            self._remember(client_id, state)
+        if device is not None and torch.device(device).type != "cpu":
+            return {k: v.to(device) for k, v in state.items()}
+        return state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The manifest (client -> file); taking it commits those files (call it when checkpointing)."""
+        previous, self._committed = self._committed, dict(self._files)
+        for client_id, path in previous.items():
+            if self._files.get(client_id) != path:
+                self._discard(path)
+        return {"files": {k: str(p) for k, p in self._files.items()}}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Read a manifest (resume): later reads follow it; later writes go to this store's directory."""
+        self._files = {int(k): Path(p) for k, p in state_dict["files"].items()}
+        self._committed = dict(self._files)
+        self._cache.clear()
+        self.bytes_in_memory = 0
+
+    # -- internals ----------------------------------------------------------------------------------------
+    def _remember(self, client_id: int, state: dict[str, Tensor]) -> None:
+        previous = self._cache.pop(client_id, None)
+        if previous is not None:
+            self.bytes_in_memory -= state_nbytes(previous)
+        if self.max_in_memory == 0:
+            return
+        self._cache[client_id] = state
+        self.bytes_in_memory += state_nbytes(state)
+        while len(self._cache) > self.max_in_memory:
+            _, evicted = self._cache.popitem(last=False)
+            self.bytes_in_memory -= state_nbytes(evicted)
+
+    def _discard(self, path: Path) -> None:
+        """Delete a superseded version, unless a checkpoint needs it or another run's folder holds it."""
+        if path in self._committed.values() or path.parent != self.directory:
+            return
+        path.unlink(missing_ok=True)
