@@ -18,9 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedrcl.algorithms.fedavg import FedAvg
-from fedrcl.federated.context import ClientContext
-from fedrcl.federated.teacher import FrozenGlobalModel
+from fedrcl.algorithms.global_teacher import GlobalTeacherClient
 from fedrcl.losses.branch_distillation import hybrid_branch_losses
 from fedrcl.models.output import ModelOutput
 
@@ -43,7 +41,7 @@ def forward_from(backbone: nn.Module, level: int, h: Tensor) -> Tensor:
     return backbone.forward_head(h)
 
 
-class FedMLB(FedAvg):
+class FedMLB(GlobalTeacherClient):
     """Cross-entropy plus CE and KD on every local-to-global hybrid pathway.
 
     Args:
@@ -64,12 +62,8 @@ class FedMLB(FedAvg):
             raise TypeError(f"FedMLB needs a backbone with forward_level/forward_head, got "
                             f"{type(self.backbone).__name__}")
         self.hybrid_ce_weight, self.hybrid_kd_weight, self.temperature = hybrid_ce_weight, hybrid_kd_weight, temperature
-        self.teacher = FrozenGlobalModel()  # a plain object: not a submodule, not in state_dict
         self._maps: list[Tensor] = []
 
-    def on_client_start(self, client: ClientContext) -> None:
-        super().on_client_start(client)
-        self.teacher.load_(self.backbone, client.global_state)
 
     def client_forward(self, x: Tensor) -> ModelOutput:
         out, self._maps = forward_with_maps(self.backbone, x)

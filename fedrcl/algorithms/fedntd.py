@@ -14,14 +14,12 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedrcl.algorithms.fedavg import FedAvg
-from fedrcl.federated.context import ClientContext
-from fedrcl.federated.teacher import FrozenGlobalModel
+from fedrcl.algorithms.global_teacher import GlobalTeacherClient
 from fedrcl.losses.not_true_distillation import not_true_distillation
 from fedrcl.models.output import ModelOutput
 
 
-class FedNTD(FedAvg):
+class FedNTD(GlobalTeacherClient):
     """Cross-entropy plus distillation of the global model's not-true-class predictions.
 
     Args:
@@ -36,11 +34,7 @@ class FedNTD(FedAvg):
         if temperature <= 0:
             raise ValueError(f"model.temperature must be > 0, got {temperature}")
         self.beta, self.temperature = beta, temperature
-        self.teacher = FrozenGlobalModel()  # a plain object: not a submodule, not in state_dict
 
-    def on_client_start(self, client: ClientContext) -> None:
-        super().on_client_start(client)
-        self.teacher.load_(self.backbone, client.global_state)
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)

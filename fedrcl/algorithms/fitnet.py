@@ -16,14 +16,12 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedrcl.algorithms.fedavg import FedAvg
-from fedrcl.federated.context import ClientContext
-from fedrcl.federated.teacher import FrozenGlobalModel
+from fedrcl.algorithms.global_teacher import GlobalTeacherClient
 from fedrcl.losses.feature_distillation import hint_losses
 from fedrcl.models.output import ModelOutput
 
 
-class FitNet(FedAvg):
+class FitNet(GlobalTeacherClient):
     """Cross-entropy plus feature hints from the round's global model at every level.
 
     Args:
@@ -35,11 +33,7 @@ class FitNet(FedAvg):
         if hint_weight < 0:
             raise ValueError(f"model.hint_weight must be >= 0, got {hint_weight}")
         self.hint_weight = hint_weight
-        self.teacher = FrozenGlobalModel()  # a plain object: not a submodule, not in state_dict
 
-    def on_client_start(self, client: ClientContext) -> None:
-        super().on_client_start(client)
-        self.teacher.load_(self.backbone, client.global_state)
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedrcl.algorithms.fedavg import FedAvg
+from fedrcl.algorithms.global_teacher import GlobalTeacherClient
 from fedrcl.federated.client_state import ClientStateStore
 from fedrcl.federated.context import ClientContext
 from fedrcl.federated.teacher import FrozenGlobalModel
@@ -32,7 +32,7 @@ from fedrcl.losses.model_contrastive import model_contrastive_loss
 from fedrcl.models.output import ModelOutput
 
 
-class MOON(FedAvg):
+class MOON(GlobalTeacherClient):
     """Cross-entropy plus the model-contrastive loss (global model: positive, previous local model: negative).
 
     Args:
@@ -53,7 +53,6 @@ class MOON(FedAvg):
             raise ValueError(f"model.max_states_in_memory must be >= 0, got {max_states_in_memory}")
         self.mu, self.temperature = mu, temperature
         self.state_dir, self.max_states_in_memory = state_dir, max_states_in_memory
-        self.teacher = FrozenGlobalModel()   # plain objects: out of state_dict, parameters and the optimizer
         self.previous = FrozenGlobalModel()  # the client's previous local model
         self.has_previous = False
         self.store: Optional[ClientStateStore] = None
@@ -66,7 +65,6 @@ class MOON(FedAvg):
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
-        self.teacher.load_(self.backbone, client.global_state)
         previous = self.store.get(client.client_id)
         self.has_previous = previous is not None
         if self.has_previous:

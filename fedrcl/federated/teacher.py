@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from fedrcl.federated.federation import load_state_
 from fedrcl.models.output import ModelOutput
 
 
@@ -28,14 +29,11 @@ class FrozenGlobalModel:
         """Copy ``global_state`` (a state dict of ``backbone``) into the teacher, building it on first use."""
         if self.module is None:
             self.module = copy.deepcopy(backbone).requires_grad_(False).eval()
-            for p in self.module.parameters():
-                p.grad = None
+            self.module.zero_grad(set_to_none=True)  # no copied gradients
         device = next(backbone.parameters()).device
         if next(self.module.parameters()).device != device:
             self.module.to(device)
-        with torch.no_grad():
-            for key, tensor in self.module.state_dict().items():
-                tensor.copy_(global_state[key])
+        load_state_(self.module, global_state)
 
     @torch.no_grad()
     def __call__(self, x: Tensor) -> ModelOutput:
