@@ -127,3 +127,11 @@ def test_console_script_exits_zero(data_root, tmp_path):
          "--trainer.logger.init_args.save_dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_bf16_mixed_precision(data_root, tmp_path):
+    """Lightning's --trainer.precision works with the round loop and the RCL loss."""
+    cli = run_cli(data_root, tmp_path, "--trainer.precision", "bf16-mixed", rounds=1)
+    log_dir = Path(cli.trainer.logger.log_dir)
+    assert all(torch.isfinite(torch.tensor(v)) for _, v in scalars(log_dir, "train/loss"))
+    assert cli.model.backbone.fc1.weight.dtype == torch.float32  # mixed: weights stay float32
