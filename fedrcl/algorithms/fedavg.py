@@ -84,6 +84,7 @@ class FedAvg(L.LightningModule):
     def on_client_start(self, client: ClientContext) -> None:
         """A client begins local training from ``client.global_state`` (already loaded): fresh optimizer."""
         self.client = client
+        self._params = dict(self.backbone.named_parameters())  # for the server's client term, once per client
         for optimizer in self.trainer.optimizers:
             optimizer.state.clear()
 
@@ -107,8 +108,7 @@ class FedAvg(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         loss, parts = self.client_loss(x, y, self.client_forward(x))
-        server_term = self.trainer.federation.server.client_regularizer(
-            dict(self.backbone.named_parameters()), self.client.global_state)
+        server_term = self.trainer.federation.server.client_regularizer(self._params, self.client.global_state)
         if server_term is not None:  # a term the server optimizer adds to every client's loss (FedACG)
             loss, parts["server"] = loss + server_term, server_term
         # Summed on the device and logged once per round: per-step self.log calls cost more than a CNN step.
