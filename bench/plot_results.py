@@ -3,7 +3,7 @@
     python bench/plot_results.py --out docs/cnn.png --rounds 25 50 100 200 \
         FedAvg=runs/cifar10_a01_cnn_fedavg FedRCL=runs/cifar10_a01_cnn_fedrcl
 
-Each LABEL=PATH names a run folder (its newest version_*) or a single event file. Prints one markdown
+Each LABEL=PATH names a run folder (its versions merged, as after a resume) or a single event file. Prints one markdown
 row per run: EMA(0.9) accuracy at the given rounds ("-" where the run did not reach them) and the last
 round reached.
 """
@@ -16,16 +16,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+from fedrcl.analysis import load_scalars  # noqa: E402
 
 
 def read_curve(path: Path, tag: str) -> dict[int, float]:
-    """``{round: value}`` of a scalar tag in a run folder (newest version) or an event file."""
-    if path.is_dir() and not list(path.glob("events.out.tfevents.*")):
-        path = sorted(path.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
-    acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {e.step: e.value for e in acc.Scalars(tag)}
+    """``{round: value}`` of a scalar tag of a run folder (versions merged) or a single event file."""
+    rounds, values = load_scalars(path)[tag]
+    return dict(zip(rounds.tolist(), values.tolist()))
 
 
 def main() -> None:
