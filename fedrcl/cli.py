@@ -3,8 +3,11 @@
     fedrcl fit --config configs/quickstart.yaml
     fedrcl fit --config configs/cifar100_a005.yaml --model fedrcl.algorithms.FedAvg
     fedrcl fit --config configs/cifar100_a005.yaml --ckpt_path last
+    fedrcl report runs          # our runs beside the paper's tables (fedrcl.report)
 """
 from __future__ import annotations
+
+import sys
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -42,7 +45,16 @@ def build_cli(args: list[str] | None = None) -> FedRCLCLI:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the ``fedrcl`` console script (exit status 0 on success)."""
+    """Entry point of the ``fedrcl`` console script (exit status 0 on success).
+
+    ``fedrcl report ...`` goes to ``fedrcl.report`` (not a Trainer subcommand); the rest to LightningCLI.
+    """
+    argv = list(sys.argv[1:] if args is None else args)
+    if argv[:1] == ["report"]:
+        from fedrcl.report import main as report_main
+
+        report_main(argv[1:])
+        return
     build_cli(args)
 
 

@@ -13,6 +13,7 @@ from torch import Tensor
 from fedrcl.data.augment import augment_batch
 from fedrcl.data.datasets import dataset_info, load_dataset
 from fedrcl.data.partition import dirichlet_partition, iid_partition, shard_partition
+from fedrcl.data.split_file import authors_split_name, check_split, read_split, write_split
 
 Partition = Literal["dirichlet", "dirichlet_unbalanced", "shards", "iid"]
 
@@ -29,6 +30,8 @@ class FederatedDataModule(L.LightningDataModule):
     index tensor followed by augmentation of the whole batch on the device (``fedrcl.data.augment``); no
     per-sample collate. Batch order and augmentation of client ``k`` in round ``r`` come from a generator
     seeded by (trainer seed, r, k), so they do not depend on the method, on earlier rounds or on resuming.
+    At the start of ``fit`` the split in use is written beside the run's config.yaml as ``split.json``
+    (``fedrcl.data.split_file``), which ``partition_file`` reads back.
 
     Args:
         dataset: one of ``cifar10``, ``cifar100``, ``tinyimagenet``, ``digits`` (scikit-learn's 8x8
@@ -42,6 +45,16 @@ class FederatedDataModule(L.LightningDataModule):
         alpha: Dirichlet concentration (> 0); smaller is more skewed. Used by the Dirichlet partitions.
         shards_per_client: label shards per client (the paper's gamma); used by ``shards``.
         seed: seed of the client split (the split is a property of the dataset, not of the method).
+        partition_file: read the client split from this file instead of computing it (``partition``,
+            ``alpha``, ``shards_per_client`` and ``seed`` then only label the run). Either a run's
+            ``split.json`` (``fedrcl-split/1``) or one of the FedRCL authors' released
+            ``client_data/<DATASET>/balanced/dirichlet<alpha>_clients<N>.txt`` files; for the latter
+            ``partition`` must be ``dirichlet`` and ``alpha`` the file name's. The authors' indices refer
+            to torchvision's CIFAR order, so use them only with data built here from torchvision's
+            download (``download: true``); an ``.npz`` made elsewhere (e.g. ``../shared/data/cifar10.npz``)
+            may hold the images in another order, and for Tiny-ImageNet the order of the authors' loader is
+            unverified. Checked before training: client count == ``num_clients``, indices inside the
+            train set, no index held twice.
         batch_size: local mini-batch size.
         local_iters_per_epoch: steps per local epoch. ``None``: one pass over the client's data
             (ceil(n / batch_size) steps, the last batch smaller). An int: exactly that many full batches,
@@ -64,6 +77,7 @@ class FederatedDataModule(L.LightningDataModule):
         alpha: float = 0.3,
         shards_per_client: int = 2,
         seed: int = 0,
+        partition_file: Optional[str] = None,
         batch_size: int = 50,
         local_iters_per_epoch: Optional[int] = None,
         eval_batch_size: int = 1000,
@@ -87,16 +101,43 @@ class FederatedDataModule(L.LightningDataModule):
         self.shards_per_client, self.seed = shards_per_client, seed
         self.batch_size, self.local_iters_per_epoch = batch_size, local_iters_per_epoch
         self.eval_batch_size, self.augment, self.views = eval_batch_size, augment, views
+        self.partition_file = partition_file
+        # Read now so that a malformed file stops the run before any data is loaded.
+        self._file_split = None if partition_file is None else self._read_partition_file(partition_file)
         self.client_indices: list[Tensor] = []
 
     @property
     def num_classes(self) -> int:
         return self.info.num_classes
 
+    def _read_partition_file(self, path: str) -> list[np.ndarray]:
+        named = authors_split_name(path)
+        if named is not None and (self.partition != "dirichlet" or not np.isclose(named[0], self.alpha)):
+            raise ValueError(
+                f"data.partition_file {path} is the authors' balanced Dirichlet split with alpha "
+                f"{named[0]:g}; "
+                f"set data.partition dirichlet and data.alpha {named[0]:g} (got {self.partition}, "
+                f"{self.alpha:g}) so the run is labelled by the split it trains on")
+        return read_split(path, num_clients=self.num_clients, dataset=self.dataset)
+
     def setup(self, stage: str) -> None:
-        """Read the data once, move it to the training device and split the train set into clients."""
-        if self.client_indices:
+        """Read the data once, move it to the training device and split the train set into clients;
+        at ``fit``, write the split to ``<log_dir>/split.json``."""
+        if not self.client_indices:
+            self._load_and_split()
+        if stage == "fit":
+            self._export_split()
+
+    def _export_split(self) -> None:
+        trainer = self.trainer
+        if trainer is None or not trainer.loggers:
             return
+        log_dir = trainer.log_dir  # collective on several processes: every rank asks
+        if trainer.is_global_zero and log_dir is not None:
+            parts = [p.cpu().numpy() for p in self.client_indices]
+            write_split(Path(log_dir) / "split.json", parts, self.dataset)
+
+    def _load_and_split(self) -> None:
         data = load_dataset(self.dataset, self.root, download=self.download)
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         self.x_train, self.y_train = data.x_train.to(device), data.y_train.to(device)
@@ -110,7 +151,10 @@ class FederatedDataModule(L.LightningDataModule):
                 f"{len(self.client_indices[smallest])} samples; lower batch_size or num_clients")
 
     def split(self, labels: Tensor) -> list[np.ndarray]:
-        """One index array per client, from the configured partition."""
+        """One index array per client: read from ``partition_file``, or from the configured partition."""
+        if self._file_split is not None:
+            check_split(self._file_split, len(labels), f"data.partition_file {self.partition_file}")
+            return self._file_split
         labels = labels.numpy()
         if self.partition == "iid":
             return iid_partition(labels, self.num_clients, seed=self.seed)

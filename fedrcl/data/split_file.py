@@ -1,0 +1,204 @@
+"""Client splits stored in files: fedrcl's JSON export and the FedRCL authors' released splits.
+
+Two formats are read; the first is also written (``<log_dir>/split.json`` beside every run's config.yaml):
+
+- ``fedrcl-split/1`` (JSON)::
+
+      {"format": "fedrcl-split/1", "dataset": "cifar10", "num_clients": 100,
+       "clients": [[index, ...], ...]}
+
+  ``clients[k]`` holds client ``k``'s indices into the train set.
+- The FedRCL authors' ``client_data/<DATASET>/balanced/dirichlet<alpha>_clients<N>.txt``: a Python dict
+  literal ``{client_id: [index, ...], ...}`` with int ids ``0 .. N-1``. It is parsed into a syntax tree
+  (``ast.parse``, which runs nothing) and accepted only when it is one dict of int keys to lists of int
+  literals; the numbers are read off the tree. Their indices refer to torchvision's CIFAR order.
+
+Whatever the format, a split read here has one sorted int64 array per client (as ``fedrcl.data.partition``
+returns), no index held twice and, when the train-set size is given, every index inside the train set.
+Every error is a ``ValueError`` naming the file and what is wrong.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+__all__ = ["SPLIT_FORMAT", "read_split", "write_split", "check_split", "authors_split_name"]
+
+SPLIT_FORMAT = "fedrcl-split/1"
+_JSON_KEYS = ("format", "dataset", "num_clients", "clients")
+_AUTHORS_NAME = re.compile(r"dirichlet(?P<alpha>\d+(?:\.\d+)?)_clients(?P<clients>\d+)\.txt")
+
+
+def write_split(path: str | Path, parts: Sequence[Sequence[int]], dataset: str) -> Path:
+    """Write ``parts`` (one index sequence per client) as ``fedrcl-split/1`` JSON, one client per line.
+
+    The file is written to a temporary name in the same folder and then renamed, so a reader never sees
+    half a file. Returns the path written.
+    """
+    path = Path(path)
+    clients = [[int(i) for i in np.asarray(p).reshape(-1).tolist()] for p in parts]
+    head = {"format": SPLIT_FORMAT, "dataset": dataset, "num_clients": len(clients)}
+    body = ",\n".join(json.dumps(c, separators=(",", ":")) for c in clients)
+    text = json.dumps(head)[:-1] + ', "clients": [\n' + body + "\n]}\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_split(path: str | Path, num_clients: Optional[int] = None, num_samples: Optional[int] = None,
+               dataset: Optional[str] = None) -> list[np.ndarray]:
+    """Read a client split in either format (told apart by content) and check it.
+
+    Args:
+        path: a ``fedrcl-split/1`` JSON file or an authors' ``dirichlet<alpha>_clients<N>.txt``.
+        num_clients: the client count the split must have (``data.num_clients``); ``None``: any.
+        num_samples: the train-set size every index must lie below; ``None``: checked later.
+        dataset: the data set a JSON split must have been made for; ``None``: any. (The authors'
+            files do not name their data set.)
+
+    Returns:
+        One sorted int64 index array per client, client ``k`` at position ``k``.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"data.partition_file: {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"data.partition_file: cannot read {path} ({e})") from None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        parts = _parse_authors(text, path)
+    else:
+        parts = _parse_json(obj, path, dataset)
+    if num_clients is not None and len(parts) != num_clients:
+        raise ValueError(f"{path}: holds {len(parts)} clients, but data.num_clients is {num_clients}")
+    check_split(parts, num_samples, str(path))
+    return [np.sort(p) for p in parts]
+
+
+def check_split(parts: Sequence[np.ndarray], num_samples: Optional[int], source: str) -> None:
+    """Raise ``ValueError`` (prefixed with ``source``) if an index is negative, not below ``num_samples``
+    (when given) or held twice, by one client or by two."""
+    sizes = [len(p) for p in parts]
+    flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]) if parts else np.zeros(0, np.int64)
+    owner = np.repeat(np.arange(len(parts)), sizes)
+    outside = flat < 0
+    if num_samples is not None:
+        outside |= flat >= num_samples
+    bad = np.flatnonzero(outside)
+    if len(bad):
+        i = bad[0]
+        allowed = "non-negative" if num_samples is None else \
+            f"0 .. {num_samples - 1} (the train set has {num_samples} samples)"
+        raise ValueError(f"{source}: client {owner[i]} holds index {flat[i]}, outside the train set: indices "
+                         f"must be {allowed}")
+    order = np.argsort(flat, kind="stable")
+    repeated = np.flatnonzero(flat[order][1:] == flat[order][:-1])
+    if len(repeated):
+        first, second = order[repeated[0]], order[repeated[0] + 1]
+        who = f"client {owner[first]} twice" if owner[first] == owner[second] else \
+            f"clients {owner[first]} and {owner[second]}"
+        raise ValueError(f"{source}: index {flat[first]} is held by {who}; a sample belongs to one client")
+
+
+def authors_split_name(path: str | Path) -> Optional[tuple[float, int]]:
+    """``(alpha, num_clients)`` read from an authors' file name ``dirichlet<alpha>_clients<N>.txt``;
+    ``None`` for any other name."""
+    match = _AUTHORS_NAME.fullmatch(Path(path).name)
+    return (float(match["alpha"]), int(match["clients"])) if match else None
+
+
+def _parse_json(obj: object, path: Path, dataset: Optional[str]) -> list[np.ndarray]:
+    if not isinstance(obj, dict) or obj.get("format") != SPLIT_FORMAT:
+        raise ValueError(f"{path}: a JSON file but not a {SPLIT_FORMAT} split: expected an object with "
+                         f'"format": "{SPLIT_FORMAT}" and keys {", ".join(_JSON_KEYS)}')
+    missing = [k for k in _JSON_KEYS if k not in obj]
+    unknown = [k for k in obj if k not in _JSON_KEYS]
+    if missing or unknown:
+        raise ValueError(f"{path}: {SPLIT_FORMAT} needs exactly the keys {', '.join(_JSON_KEYS)}; "
+                         + "; ".join(filter(None, [missing and f"missing {', '.join(missing)}",
+                                                   unknown and f"unknown {', '.join(unknown)}"])))
+    if dataset is not None and obj["dataset"] != dataset:
+        raise ValueError(f"{path}: a split of {obj['dataset']!r}, but data.dataset is {dataset!r}")
+    clients = obj["clients"]
+    if not isinstance(clients, list):
+        raise ValueError(f'{path}: "clients" must be a list of index lists, got {type(clients).__name__}')
+    if type(obj["num_clients"]) is not int or obj["num_clients"] != len(clients):
+        raise ValueError(f'{path}: "num_clients" is {obj["num_clients"]!r} but "clients" holds '
+                         f'{len(clients)} lists')
+    parts = []
+    for k, indices in enumerate(clients):
+        if not isinstance(indices, list) or not all(type(i) is int for i in indices):
+            raise ValueError(f'{path}: "clients"[{k}] must be a list of integers')
+        parts.append(np.asarray(indices, dtype=np.int64))
+    return parts
+
+
+def _int_literal(node: ast.expr) -> Optional[int]:
+    """The int an AST node spells (``5`` or ``-5``), or ``None`` for anything else (bool included)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _int_literal(node.operand)
+        return None if inner is None else -inner
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    return None
+
+
+def _describe(node: ast.AST) -> str:
+    text = ast.unparse(node)
+    return f"{text[:40] + ('...' if len(text) > 40 else '')!r} (line {getattr(node, 'lineno', '?')})"
+
+
+def _parse_authors(text: str, path: Path) -> list[np.ndarray]:
+    expected = f"expected the FedRCL authors' dict literal {{client_id: [index, ...], ...}} or {SPLIT_FORMAT}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text, filename=str(path), mode="eval")
+    except SyntaxError as e:
+        where = f"line {e.lineno}, column {e.offset}: " if e.lineno is not None else ""
+        raise ValueError(f"{path}: cannot parse ({where}{e.msg}); {expected}") from None
+    except (ValueError, MemoryError, RecursionError) as e:
+        raise ValueError(f"{path}: cannot parse ({type(e).__name__}: {e}); {expected}") from None
+    if not isinstance(tree.body, ast.Dict):
+        raise ValueError(f"{path}: the file holds {type(tree.body).__name__.lower()} {_describe(tree.body)}, "
+                         f"not a dict; {expected}")
+    by_client: dict[int, np.ndarray] = {}
+    for key, value in zip(tree.body.keys, tree.body.values):
+        if key is None:
+            raise ValueError(f"{path}: '**' unpacking ({_describe(value)}) is not allowed; {expected}")
+        client = _int_literal(key)
+        if client is None:
+            raise ValueError(f"{path}: client id {_describe(key)} is not an integer; {expected}")
+        if client in by_client:
+            raise ValueError(f"{path}: client id {client} appears twice")
+        if not isinstance(value, ast.List):
+            raise ValueError(f"{path}: client {client} maps to {_describe(value)}, not a list of integers")
+        indices = [_int_literal(e) for e in value.elts]
+        if None in indices:
+            bad = value.elts[indices.index(None)]
+            raise ValueError(f"{path}: client {client} holds {_describe(bad)}, not an integer index")
+        by_client[client] = np.asarray(indices, dtype=np.int64)
+    missing = sorted(set(range(len(by_client))) - set(by_client))
+    if missing:
+        raise ValueError(f"{path}: {len(by_client)} clients must have the ids 0 .. {len(by_client) - 1}; "
+                         f"missing {', '.join(map(str, missing[:5]))}{' ...' if len(missing) > 5 else ''}")
+    return [by_client[k] for k in range(len(by_client))]

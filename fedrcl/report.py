@@ -1,0 +1,274 @@
+"""``fedrcl report RUNS_DIR``: our runs beside the paper's numbers, as markdown tables in the paper's layout.
+
+    fedrcl report runs                      # markdown to stdout
+    fedrcl report runs --out report.md
+
+A run is a TensorBoard run folder (``<save_dir>/<name>``) anywhere under ``RUNS_DIR``. What it ran is read
+from the ``config.yaml`` LightningCLI saved in each ``version_k`` folder (data set, partition and alpha,
+clients, local epochs, method and server class, backbone), never from its name: a method config applied
+on top of a base config keeps the base's run name. Versions of one run folder with the same setting are one
+run (a resume continues in a new version; a later version's point replaces an earlier one at the same
+round); versions with another setting are separate runs.
+
+The paper's numbers live in ``fedrcl/paper_results.json``: per table its fixed setting, its blocks (e.g. data
+sets), columns (e.g. alpha) and rows (methods), each with the setting keys a run must match, and the values
+at the table's rounds. A run fills a cell when its setting matches the table's, the block's, the column's
+and the row's. Our value is the ``val/acc_ema`` curve (the accuracy EMA the paper reports) at the round, or
+at the last round logged, marked ``*``, when the run stopped earlier. Cells without a run stay empty.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import yaml
+
+from fedrcl.analysis.runs import load_scalars
+
+__all__ = ["RunResult", "load_paper_results", "run_setting", "collect_runs", "render_report", "main"]
+
+EMA_TAG = "val/acc_ema"
+
+
+@dataclass
+class RunResult:
+    """One run: its folder, the version folders merged into it, its setting and its EMA curve in percent."""
+
+    path: Path
+    versions: tuple[str, ...]
+    setting: dict[str, Any]
+    rounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    ema: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def last_round(self) -> int:
+        return int(self.rounds[-1]) if len(self.rounds) else 0
+
+    def ema_at(self, round_idx: int) -> Optional[tuple[float, bool]]:
+        """``(EMA accuracy in %, reached)`` at ``round_idx`` (its last evaluation at or before it), or at
+        the last round logged with ``reached=False`` when the run stopped earlier; ``None`` before any."""
+        if not len(self.rounds):
+            return None
+        if self.last_round < round_idx:
+            return float(self.ema[-1]), False
+        return float(self.ema[np.searchsorted(self.rounds, round_idx, side="right") - 1]), True
+
+
+def load_paper_results(path: Optional[str | Path] = None) -> dict[str, Any]:
+    """The paper's tables (``fedrcl/paper_results.json`` unless ``path`` is given)."""
+    if path is not None:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    return json.loads(resources.files("fedrcl").joinpath("paper_results.json").read_text(encoding="utf-8"))
+
+
+def _class_name(spec: Any) -> Optional[str]:
+    """``Foo`` from ``"a.b.Foo"`` or ``{"class_path": "a.b.Foo", ...}``; ``None`` from ``None``."""
+    if isinstance(spec, dict):
+        spec = spec.get("class_path")
+    return spec.rsplit(".", 1)[-1] if isinstance(spec, str) else None
+
+
+def _init_args(spec: Any) -> dict[str, Any]:
+    return (spec.get("init_args") or {}) if isinstance(spec, dict) else {}
+
+
+def run_setting(config: dict[str, Any]) -> dict[str, Any]:
+    """The facts of a run that the paper's tables are keyed by, from its saved LightningCLI config.
+
+    Keys: ``dataset``, ``partition``, ``alpha`` (``None`` unless a Dirichlet partition), ``num_clients``,
+    ``clients_per_round`` (also from ``participation``), ``local_epochs``, ``batch_size``,
+    ``local_iters_per_epoch``, ``server`` (class name; ``FedAvg`` when none), ``method`` (the client
+    algorithm's class name), ``backbone`` (class name), ``width`` (the backbone's, when it has one),
+    ``partition_file``.
+    """
+    data = config.get("data") or {}
+    if "class_path" in data:
+        data = _init_args(data)
+    trainer, model = config.get("trainer") or {}, config.get("model") or {}
+    partition, num_clients = data.get("partition"), data.get("num_clients")
+    clients_per_round = trainer.get("clients_per_round")
+    if clients_per_round is None and trainer.get("participation") is not None and num_clients is not None:
+        clients_per_round = max(1, round(trainer["participation"] * num_clients))
+    backbone = _init_args(model).get("backbone")
+    return {
+        "dataset": data.get("dataset"),
+        "partition": partition,
+        "alpha": data.get("alpha") if str(partition).startswith("dirichlet") else None,
+        "num_clients": num_clients,
+        "clients_per_round": clients_per_round,
+        "local_epochs": trainer.get("local_epochs"),
+        "batch_size": data.get("batch_size"),
+        "local_iters_per_epoch": data.get("local_iters_per_epoch"),
+        "server": _class_name(trainer.get("server")) or "FedAvg",
+        "method": _class_name(model),
+        "backbone": _class_name(backbone),
+        "width": _init_args(backbone).get("width"),
+        "partition_file": data.get("partition_file"),
+    }
+
+
+def _version_number(path: Path) -> int:
+    suffix = path.name.removeprefix("version_")
+    return int(suffix) if suffix.isdigit() else -1
+
+
+def collect_runs(root: str | Path) -> list[RunResult]:
+    """Every run under ``root`` (see the module docstring), sorted by folder, then first version."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"fedrcl report: {root} is not a folder")
+    run_dirs = sorted({v.parent for v in root.rglob("version_*") if (v / "config.yaml").is_file()})
+    runs = []
+    for run_dir in run_dirs:
+        groups: dict[tuple, list[Path]] = {}
+        settings: dict[tuple, dict[str, Any]] = {}
+        for version in sorted(run_dir.glob("version_*"), key=_version_number):
+            if not (version / "config.yaml").is_file():
+                continue
+            setting = run_setting(yaml.safe_load((version / "config.yaml").read_text()) or {})
+            key = tuple(sorted(setting.items()))
+            groups.setdefault(key, []).append(version)
+            settings[key] = setting
+        for key, versions in groups.items():
+            by_round: dict[int, float] = {}
+            for version in versions:
+                rounds, values = load_scalars(version).get(EMA_TAG, (np.zeros(0, np.int64), np.zeros(0)))
+                by_round.update(zip(rounds.tolist(), values.tolist()))
+            ordered = sorted(by_round)
+            ema = 100.0 * np.array([by_round[r] for r in ordered])
+            runs.append(RunResult(run_dir, tuple(v.name for v in versions), settings[key],
+                                  np.array(ordered, dtype=np.int64), ema))
+    return runs
+
+
+def _matches(setting: dict[str, Any], required: dict[str, Any]) -> bool:
+    for key, want in required.items():
+        have = setting.get(key)
+        if isinstance(want, float) and isinstance(have, (int, float)) and not isinstance(have, bool):
+            if not math.isclose(have, want, rel_tol=1e-9):
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+def _cells(table: dict[str, Any]):
+    """``(block, row, column, required setting)`` for every cell of ``table``."""
+    for block in table["blocks"]:
+        for row in table["rows"]:
+            for column in table["columns"]:
+                yield block["name"], row["name"], column["name"], \
+                    {**table["setting"], **block["setting"], **column["setting"], **row["setting"]}
+
+
+def _assign(tables: list[dict[str, Any]], runs: list[RunResult]) -> dict[tuple, RunResult]:
+    """The run shown in each cell ``(table label, block, row, column)``: of the matching runs, the one
+    that got furthest (the later one on a tie)."""
+    shown: dict[tuple, RunResult] = {}
+    for table in tables:
+        for block, row, column, required in _cells(table):
+            matching = [r for r in runs if len(r.rounds) and _matches(r.setting, required)]
+            if matching:
+                best = max(reversed(matching), key=lambda r: r.last_round)
+                shown[(table["label"], block, row, column)] = best
+    return shown
+
+
+def _md(text: Any) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _split_name(setting: dict[str, Any]) -> str:
+    name = str(setting["partition"])
+    if setting["alpha"] is not None:
+        name += f" α={setting['alpha']:g}"
+    if setting["partition_file"]:
+        name += f" (file {Path(setting['partition_file']).name})"
+    return name
+
+
+def _render_table(table: dict[str, Any], shown: dict[tuple, RunResult]) -> list[str]:
+    out = [f"## {table['title']} (`{table['label']}`)", "",
+           "Setting of every cell: " + ", ".join(f"{k} {v}" for k, v in table["setting"].items()) + ".", ""]
+    header = [f"{c['name']} {r}R" for c in table["columns"] for r in table["rounds"]]
+    for block in table["blocks"]:
+        out += [f"### {block['name']}", "", "| Method | " + " | ".join(header) + " |",
+                "|:--|" + "--:|" * len(header)]
+        for row in table["rows"]:
+            paper_row = table["values"].get(block["name"], {}).get(row["name"], {})
+            paper_cells, our_cells = [], []
+            for column in table["columns"]:
+                paper = paper_row.get(column["name"], [None] * len(table["rounds"]))
+                run = shown.get((table["label"], block["name"], row["name"], column["name"]))
+                for round_idx, theirs in zip(table["rounds"], paper):
+                    paper_cells.append("" if theirs is None else f"{theirs:.2f}")
+                    ours = run.ema_at(round_idx) if run is not None else None
+                    if ours is None:
+                        our_cells.append("")
+                        continue
+                    value, reached = ours
+                    cell = f"{value:.2f}{'' if reached else '*'}"
+                    our_cells.append(cell if theirs is None else f"{cell} ({value - theirs:+.2f})")
+            out.append(f"| {_md(row['name'])} (paper) | " + " | ".join(paper_cells) + " |")
+            out.append(f"| {_md(row['name'])} (ours) | " + " | ".join(our_cells) + " |")
+        out.append("")
+    return out
+
+
+def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = None, title: str = "") -> str:
+    """The markdown report: the paper's tables with our rows, then every run found and where it went."""
+    paper = load_paper_results() if paper is None else paper
+    tables = paper["tables"]
+    shown = _assign(tables, list(runs))
+    placed = {id(run): cell for cell, run in shown.items()}
+    out = [f"# fedrcl report{': ' + title if title else ''}", "",
+           f"Paper: {paper['source']}.",
+           "Each method has the paper's row and ours beneath it: our `val/acc_ema` (EMA 0.9 of the test "
+           "accuracy, in %) at the round, with ours minus the paper's in parentheses. `*`: the run stopped "
+           "earlier; the value is at its last round (see Runs). Empty: no finished round for that cell.", ""]
+    for table in tables:
+        out += _render_table(table, shown)
+    out += ["## Runs", ""]
+    if not runs:
+        out += ["No runs found (a run is a folder of `version_*` folders holding `config.yaml`).", ""]
+        return "\n".join(out)
+    out += ["| Run | Versions | Dataset | Split | Method | Server | Backbone | Clients/round | Rounds | "
+            "Last EMA | Cell |", "|:--|:--|:--|:--|:--|:--|:--|--:|--:|--:|:--|"]
+    for run in runs:
+        s = run.setting
+        backbone = f"{s['backbone']}" + (f" (width {s['width']})" if s["width"] is not None else "")
+        cell = placed.get(id(run))
+        where = " / ".join(map(str, cell)) if cell else "—"
+        last = f"{run.ema[-1]:.2f}" if len(run.ema) else "no val/acc_ema yet"
+        out.append(" | ".join(["", _md(run.path), _md(", ".join(run.versions)), _md(s["dataset"]),
+                               _md(_split_name(s)), _md(s["method"]), _md(s["server"]), _md(backbone),
+                               f"{s['clients_per_round']}/{s['num_clients']}", str(run.last_round), last,
+                               _md(where), ""]).strip())
+    out.append("")
+    return "\n".join(out)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """``fedrcl report RUNS_DIR [--out FILE]``."""
+    parser = argparse.ArgumentParser(
+        prog="fedrcl report", description="Markdown tables of our runs beside the FedRCL paper's numbers.")
+    parser.add_argument("runs_dir", metavar="RUNS_DIR", help="folder holding the runs (a logger's save_dir)")
+    parser.add_argument("--out", help="write the markdown here instead of printing it")
+    args = parser.parse_args(argv)
+    if not Path(args.runs_dir).is_dir():
+        parser.error(f"RUNS_DIR {args.runs_dir} is not a folder")
+    text = render_report(collect_runs(args.runs_dir), title=args.runs_dir)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    else:
+        print(text, end="")
+
+
+if __name__ == "__main__":
+    main()

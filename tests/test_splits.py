@@ -1,0 +1,155 @@
+"""Client splits in files: fedrcl's JSON export (written beside every run) and the authors' dict literals."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cli
+from fedrcl.data.datamodule import FederatedDataModule
+from fedrcl.data.split_file import SPLIT_FORMAT, authors_split_name, read_split, write_split
+
+
+def authors_text(parts: dict[int, list[int]]) -> str:
+    """A file in the layout of the authors' client_data/*.txt: one dict literal on one line."""
+    return "{" + ", ".join(f"{k}: [{', '.join(map(str, v))}]" for k, v in parts.items()) + "}\n"
+
+
+def test_json_round_trip(tmp_path):
+    parts = [np.array([4, 0, 9]), np.array([], dtype=np.int64), np.array([7, 1])]
+    path = write_split(tmp_path / "split.json", parts, "cifar10")
+    doc = json.loads(path.read_text())
+    assert doc == {"format": SPLIT_FORMAT, "dataset": "cifar10", "num_clients": 3,
+                   "clients": [[4, 0, 9], [], [7, 1]]}
+    got = read_split(path, num_clients=3, num_samples=10, dataset="cifar10")
+    assert [p.tolist() for p in got] == [[0, 4, 9], [], [1, 7]]
+    assert all(p.dtype == np.int64 for p in got)
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+def test_authors_format_is_parsed_by_client_id(tmp_path):
+    path = tmp_path / "dirichlet0.05_clients3.txt"
+    path.write_text(authors_text({1: [5, 3], 0: [2, 0, 8], 2: [7, 1]}))
+    assert [p.tolist() for p in read_split(path, 3, 9)] == [[0, 2, 8], [3, 5], [1, 7]]  # by id, sorted
+    path.write_text("{1: [5, 3],\n 0: [2, 0, 8], 2: [7, 1,],\n}\n")  # line breaks, trailing commas
+    assert [p.tolist() for p in read_split(path, 3, 9)] == [[0, 2, 8], [3, 5], [1, 7]]
+    assert authors_split_name(path) == (0.05, 3)
+    assert authors_split_name(tmp_path / "split.json") is None
+
+
+MALFORMED = [
+    ("{0: [1, 2], 1: [3, 4]", r"cannot parse \(line 1"),
+    ("{0: [1, 2] 1: [3]}", r"cannot parse"),
+    ("{0, 1}", r"holds set .{0, 1}. \(line 1\), not a dict"),
+    ("{0: [1, 2.0], 1: [3]}", r"client 0 holds '2\.0' \(line 1\), not an integer index"),
+    ("{0: [1, '2'], 1: [3]}", r"not an integer index"),
+    ("{0: [1, True], 1: [3]}", r"client 0 holds 'True'"),
+    ("{0: [1, 2], 'b': [3]}", r"client id \"'b'\" \(line 1\) is not an integer"),
+    ("{0: [1, 2], 1: (3, 4)}", r"client 1 maps to '\(3, 4\)' \(line 1\), not a list"),
+    ("{0: [1, 2], 1: [2, 3]}", r"index 2 is held by clients 0 and 1"),
+    ("{0: [1, 1], 1: [3]}", r"index 1 is held by client 0 twice"),
+    ("{0: [1, 2], 1: [3, 10]}", r"client 1 holds index 10, outside the train set: indices must be 0 \.\. 9"),
+    ("{0: [-1, 2], 1: [3]}", r"client 0 holds index -1, outside the train set"),
+    ("{0: [1], 1: [2], 2: [3]}", r"holds 3 clients, but data.num_clients is 2"),
+    ("{0: [1], 2: [3]}", r"ids 0 \.\. 1; missing 1"),
+    ("{0: [1], 0: [3]}", r"client id 0 appears twice"),
+    ("{0: [1], **x}", r"'\*\*' unpacking"),
+    ('{"0": [1], "1": [2]}', r"a JSON file but not a fedrcl-split/1 split"),
+    ("", r"cannot parse"),
+]
+
+
+@pytest.mark.parametrize("text, message", MALFORMED, ids=[m[1][:30] for m in MALFORMED])
+def test_malformed_authors_files_are_rejected_naming_the_file(tmp_path, text, message):
+    path = tmp_path / "clients.txt"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as info:
+        read_split(path, num_clients=2, num_samples=10)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("payload", [
+    "__import__('pathlib').Path({marker!r}).touch()",
+    "[__import__('pathlib').Path({marker!r}).touch()]",
+    "(lambda: __import__('pathlib').Path({marker!r}).touch())()",
+])
+def test_code_in_a_split_file_never_runs(tmp_path, payload):
+    marker = tmp_path / "ran"
+    code = payload.format(marker=str(marker))
+    for text in (f"{{0: [1], 1: {code}}}", f"{{0: [1, {code}], 1: [2]}}", f"{{{code}: [1], 1: [2]}}", code):
+        path = tmp_path / "clients.txt"
+        path.write_text(text)
+        with pytest.raises(ValueError, match=str(path)):
+            read_split(path, num_clients=2, num_samples=10)
+    assert not marker.exists()
+    eval(code)  # the payload is live: evaluated, it leaves the marker the reader must never leave
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"format": "fedrcl-split/2"}, r"not a fedrcl-split/1 split"),
+    ({"dataset": "cifar100"}, r"a split of 'cifar100', but data.dataset is 'cifar10'"),
+    ({"num_clients": 3}, r'"num_clients" is 3 but "clients" holds 2 lists'),
+    ({"clients": [[0, 1], [2, 2.5]]}, r'"clients"\[1\] must be a list of integers'),
+    ({"clients": [[0, 1], [2, True]]}, r'"clients"\[1\] must be a list of integers'),
+    ({"clients": [[0, 1], [1, 2]]}, r"index 1 is held by clients 0 and 1"),
+    ({"clients": [[0, 1], [2, 99]]}, r"client 1 holds index 99"),
+    ({"seed": 0}, r"unknown seed"),
+])
+def test_malformed_json_splits_are_rejected(tmp_path, change, message):
+    doc = {"format": SPLIT_FORMAT, "dataset": "cifar10", "num_clients": 2, "clients": [[0, 1], [2, 3]]}
+    doc.update(change)
+    path = tmp_path / "split.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=message):
+        read_split(path, num_clients=2, num_samples=10, dataset="cifar10")
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(ValueError, match=re.escape(f"data.partition_file: {missing} does not exist")):
+        read_split(tmp_path / "nope.txt")
+
+
+def test_datamodule_checks_the_file_against_its_settings(tmp_path, data_root):
+    path = tmp_path / "dirichlet0.05_clients3.txt"
+    path.write_text(authors_text({0: [0, 1], 1: [2, 3], 2: [4, 5]}))
+    common = dict(dataset="digits", root=str(data_root), num_clients=3, batch_size=2)
+    with pytest.raises(ValueError, match=r"alpha 0\.05; set data.partition dirichlet and data.alpha 0\.05"):
+        FederatedDataModule(**common, alpha=0.3, partition_file=str(path))
+    with pytest.raises(ValueError, match=r"holds 3 clients, but data.num_clients is 4"):
+        FederatedDataModule(**{**common, "num_clients": 4}, alpha=0.05, partition_file=str(path))
+    dm = FederatedDataModule(**common, alpha=0.05, partition_file=str(path))
+    dm.setup("fit")  # no trainer: nothing is written
+    assert [p.tolist() for p in dm.client_indices] == [[0, 1], [2, 3], [4, 5]]
+    # indices are checked against the train set when the data is loaded (digits: 1437 training images)
+    path.write_text(authors_text({0: [0, 1], 1: [2, 3], 2: [4, 1437]}))
+    dm = FederatedDataModule(**common, alpha=0.05, partition_file=str(path))
+    with pytest.raises(ValueError, match=r"data.partition_file .*client 2 holds index 1437.*1437 samples"):
+        dm.setup("fit")
+
+
+@pytest.mark.slow
+def test_every_run_writes_its_split_and_a_run_can_train_on_it(tmp_path, data_root):
+    first = run_cli(data_root, tmp_path / "runs", rounds=1, model="fedrcl.algorithms.FedAvg")
+    log_dir = first.trainer.log_dir
+    written = read_split(f"{log_dir}/split.json", num_clients=10, dataset="digits")
+    assert [p.tolist() for p in written] == [p.tolist() for p in first.datamodule.client_indices]
+    assert Path(log_dir) == tmp_path / "runs" / "quickstart" / "version_0"
+    assert (Path(log_dir) / "config.yaml").exists()  # split.json lies beside the run's config
+
+    # with data.seed 7 the computed split differs; with the file, the run trains on the file's split
+    seed7 = FederatedDataModule(dataset="digits", root=str(data_root), num_clients=10, seed=7)
+    assert any(not np.array_equal(a, b.cpu().numpy())
+               for a, b in zip(seed7.split(first.datamodule.y_train.cpu()), first.datamodule.client_indices))
+    second = run_cli(data_root, tmp_path / "runs", "--data.seed", "7",
+                     "--data.partition_file", f"{log_dir}/split.json",
+                     rounds=1, model="fedrcl.algorithms.FedAvg")
+    for a, b in zip(first.datamodule.client_indices, second.datamodule.client_indices):
+        assert torch.equal(a, b)
+    assert (tmp_path / "runs" / "quickstart" / "version_1" / "split.json").read_text() == \
+        (tmp_path / "runs" / "quickstart" / "version_0" / "split.json").read_text()
