@@ -7,7 +7,7 @@ import yaml
 from conftest import REPO
 from fedrcl.cli import main
 
-CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml") if "methods" not in p.parts and "server" not in p.parts)
+CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml") if not {"methods", "server", "backbones"} & set(p.parts))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO / "configs")))

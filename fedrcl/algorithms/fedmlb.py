@@ -7,7 +7,8 @@ level ``k + 1`` to the logits ``z_k``, for every level ``k`` of the backbone (fo
 and after each of the four stages, the last one feeding only the global classifier, as in the authors'
 code); ``p_k`` and ``p`` are the softmaxes of ``z_k`` and the main pathway's logits at temperature T
 (``fedrcl.losses.branch_distillation``). Gradients reach the local blocks through the frozen global blocks.
-The backbone must offer ``forward_level`` / ``forward_head`` (``ResNet18``, ``SmallCNN``). Defaults
+The backbone must offer ``forward_level`` / ``forward_head`` (every backbone in ``fedrcl.models``), and
+``level_activation`` where what a level hands on is not the ReLU of its output (``MobileNetV2``). Defaults
 lambda1 = lambda2 = 1 (FedRCL paper, supplement), T = 1.
 """
 from __future__ import annotations
@@ -23,21 +24,27 @@ from fedrcl.losses.branch_distillation import hybrid_branch_losses
 from fedrcl.models.output import ModelOutput
 
 
+def level_activation(backbone: nn.Module, level: int, pre: Tensor) -> Tensor:
+    """What level ``level`` hands on: ``backbone.level_activation(level, pre)`` where defined, else ``relu(pre)``."""
+    activation = getattr(backbone, "level_activation", None)
+    return torch.relu(pre) if activation is None else activation(level, pre)
+
+
 def forward_with_maps(backbone: nn.Module, x: Tensor) -> tuple[ModelOutput, list[Tensor]]:
-    """``backbone(x)`` plus each level's full post-ReLU map (the input of the next level)."""
+    """``backbone(x)`` plus each level's full activated map (the input of the next level)."""
     h, features, maps = x, [], []
     for level in range(len(backbone.feature_dims)):
         pre = backbone.forward_level(level, h)
         features.append(pre.mean(dim=(2, 3)) if pre.dim() == 4 else pre)
-        h = torch.relu(pre)
+        h = level_activation(backbone, level, pre)
         maps.append(h)
     return ModelOutput(logits=backbone.forward_head(h), features=features), maps
 
 
 def forward_from(backbone: nn.Module, level: int, h: Tensor) -> Tensor:
-    """Logits of ``backbone`` run from level ``level + 1`` on ``h``, the post-ReLU map of level ``level``."""
+    """Logits of ``backbone`` run from level ``level + 1`` on ``h``, the activated map of level ``level``."""
     for later in range(level + 1, len(backbone.feature_dims)):
-        h = torch.relu(backbone.forward_level(later, h))
+        h = level_activation(backbone, later, backbone.forward_level(later, h))
     return backbone.forward_head(h)
 
 
