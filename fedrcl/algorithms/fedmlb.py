@@ -7,44 +7,37 @@ level ``k + 1`` to the logits ``z_k``, for every level ``k`` of the backbone (fo
 and after each of the four stages, the last one feeding only the global classifier, as in the authors'
 code); ``p_k`` and ``p`` are the softmaxes of ``z_k`` and the main pathway's logits at temperature T
 (``fedrcl.losses.branch_distillation``). Gradients reach the local blocks through the frozen global blocks.
-The backbone must offer ``forward_level`` / ``forward_head`` (every backbone in ``fedrcl.models``), and
-``level_activation`` where what a level hands on is not the ReLU of its output (``MobileNetV2``). Defaults
+The backbone must be a ``fedrcl.models.output.LevelBackbone`` (every backbone in ``fedrcl.models`` is),
+which can run level by level (``forward_level``, ``level_activation``, ``forward_head``). Defaults
 lambda1 = lambda2 = 1 (FedRCL paper, supplement), T = 1.
 """
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from fedrcl.algorithms.global_teacher import GlobalTeacherClient
 from fedrcl.losses.branch_distillation import hybrid_branch_losses
-from fedrcl.models.output import ModelOutput
+from fedrcl.models.output import LevelBackbone, ModelOutput
 
 
-def level_activation(backbone: nn.Module, level: int, pre: Tensor) -> Tensor:
-    """What level ``level`` hands on: ``backbone.level_activation(level, pre)`` where defined, else ``relu(pre)``."""
-    activation = getattr(backbone, "level_activation", None)
-    return torch.relu(pre) if activation is None else activation(level, pre)
-
-
-def forward_with_maps(backbone: nn.Module, x: Tensor) -> tuple[ModelOutput, list[Tensor]]:
+def forward_with_maps(backbone: LevelBackbone, x: Tensor) -> tuple[ModelOutput, list[Tensor]]:
     """``backbone(x)`` plus each level's full activated map (the input of the next level)."""
     h, features, maps = x, [], []
     for level in range(len(backbone.feature_dims)):
         pre = backbone.forward_level(level, h)
         features.append(pre.mean(dim=(2, 3)) if pre.dim() == 4 else pre)
-        h = level_activation(backbone, level, pre)
+        h = backbone.level_activation(level, pre)
         maps.append(h)
     return ModelOutput(logits=backbone.forward_head(h), features=features), maps
 
 
-def forward_from(backbone: nn.Module, level: int, h: Tensor) -> Tensor:
+def forward_from(backbone: LevelBackbone, level: int, h: Tensor) -> Tensor:
     """Logits of ``backbone`` run from level ``level + 1`` on ``h``, the activated map of level ``level``."""
     for later in range(level + 1, len(backbone.feature_dims)):
-        h = level_activation(backbone, later, backbone.forward_level(later, h))
+        h = backbone.level_activation(later, backbone.forward_level(later, h))
     return backbone.forward_head(h)
 
 
@@ -65,9 +58,8 @@ class FedMLB(GlobalTeacherClient):
                 raise ValueError(f"model.{key} must be >= 0, got {value}")
         if temperature <= 0:
             raise ValueError(f"model.temperature must be > 0, got {temperature}")
-        if not (hasattr(self.backbone, "forward_level") and hasattr(self.backbone, "forward_head")):
-            raise TypeError(f"FedMLB needs a backbone with forward_level/forward_head, got "
-                            f"{type(self.backbone).__name__}")
+        if not isinstance(self.backbone, LevelBackbone):
+            raise TypeError(f"FedMLB needs a LevelBackbone (fedrcl.models), got {type(self.backbone).__name__}")
         self.hybrid_ce_weight, self.hybrid_kd_weight, self.temperature = hybrid_ce_weight, hybrid_kd_weight, temperature
         self._maps: list[Tensor] = []
 

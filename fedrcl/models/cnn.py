@@ -3,10 +3,10 @@
 import torch
 from torch import Tensor, nn
 
-from fedrcl.models.output import ModelOutput
+from fedrcl.models.output import LevelBackbone, ModelOutput, check_backbone_args
 
 
-class SmallCNN(nn.Module):
+class SmallCNN(LevelBackbone):
     """FedAvg's CIFAR CNN.
 
     ``conv5x5(32) -> ReLU -> maxpool2 -> conv5x5(64) -> ReLU -> maxpool2 -> flatten ->
@@ -36,10 +36,7 @@ class SmallCNN(nn.Module):
         conv_padding: int = 0,
     ) -> None:
         super().__init__()
-        if num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-        if in_channels < 1:
-            raise ValueError(f"in_channels must be >= 1, got {in_channels}")
+        check_backbone_args("SmallCNN", num_classes, in_channels, image_size)
         if conv_padding < 0:
             raise ValueError(f"conv_padding must be >= 0, got {conv_padding}")
         size = image_size

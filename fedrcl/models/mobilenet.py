@@ -23,7 +23,7 @@ which ``--model.init_args.levels [0,1,2,3,4]`` reproduces.
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedrcl.models.output import ModelOutput
+from fedrcl.models.output import LevelBackbone, check_backbone_args
 
 # (expansion t, output channels c, repeats n, first stride s); the last row belongs to the head.
 _STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 1), (6, 320, 1, 1))
@@ -55,7 +55,7 @@ class LinearBottleneck(nn.Module):
         return out + x if self.residual else out
 
 
-class MobileNetV2(nn.Module):
+class MobileNetV2(LevelBackbone):
     """MobileNet-V2 for small images with GroupNorm (see the module docstring for layout and level taps).
 
     Weights use PyTorch's default initialisation.
@@ -70,9 +70,7 @@ class MobileNetV2(nn.Module):
 
     def __init__(self, num_classes: int, in_channels: int = 3, image_size: int = 32, norm_groups: int = 2) -> None:
         super().__init__()
-        if num_classes < 1 or in_channels < 1 or image_size < 1:
-            raise ValueError(f"num_classes ({num_classes}), in_channels ({in_channels}) and image_size "
-                             f"({image_size}) must be >= 1")
+        check_backbone_args("MobileNetV2", num_classes, in_channels, image_size)
         widths, prev = {_STEM, _LAST}, _STEM
         for expansion, ch, repeats, _ in _STAGES:
             widths |= {prev * expansion, ch * expansion if repeats > 1 else ch, ch}
@@ -116,11 +114,3 @@ class MobileNetV2(nn.Module):
         h = F.relu6(self.last_conv(self.last_stage(h)))
         return self.fc(h.mean(dim=(2, 3)))
 
-    def forward(self, x: Tensor) -> ModelOutput:
-        features: list[Tensor] = []
-        h = x
-        for level in range(len(self.feature_dims)):
-            pre = self.forward_level(level, h)
-            features.append(pre.mean(dim=(2, 3)))
-            h = self.level_activation(level, pre)
-        return ModelOutput(logits=self.forward_head(h), features=features)

@@ -2,7 +2,8 @@
 
 from typing import NamedTuple
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 
 class ModelOutput(NamedTuple):
@@ -17,3 +18,44 @@ class ModelOutput(NamedTuple):
 
     logits: Tensor
     features: list[Tensor]
+
+
+def check_backbone_args(name: str, num_classes: int, in_channels: int, image_size: int,
+                        min_image_size: int = 1) -> None:
+    """Reject shapes a backbone cannot be built for, naming the argument and the allowed range."""
+    if num_classes < 1:
+        raise ValueError(f"{name}: num_classes must be >= 1, got {num_classes}")
+    if in_channels < 1:
+        raise ValueError(f"{name}: in_channels must be >= 1, got {in_channels}")
+    if image_size < min_image_size:
+        raise ValueError(f"{name}: image_size must be >= {min_image_size}, got {image_size}")
+
+
+class LevelBackbone(nn.Module):
+    """A backbone written level by level, so that one ``forward`` serves it and FedMLB can graft levels.
+
+    Subclasses define ``feature_dims``, ``forward_level(level, h)`` (level ``level``'s map before its final
+    activation) and ``forward_head(h)`` (logits from the last level's activated map); they override
+    ``level_activation`` where a level hands on something other than the ReLU of its map.
+    """
+
+    feature_dims: list[int]
+
+    def forward_level(self, level: int, h: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward_head(self, h: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def level_activation(self, level: int, pre: Tensor) -> Tensor:
+        """What level ``level`` hands to the next one."""
+        return torch.relu(pre)
+
+    def forward(self, x: Tensor) -> ModelOutput:
+        features: list[Tensor] = []
+        h = x
+        for level in range(len(self.feature_dims)):
+            pre = self.forward_level(level, h)
+            features.append(pre.mean(dim=(2, 3)))
+            h = self.level_activation(level, pre)
+        return ModelOutput(logits=self.forward_head(h), features=features)

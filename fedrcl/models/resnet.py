@@ -3,7 +3,7 @@
 import torch
 from torch import Tensor, nn
 
-from fedrcl.models.output import ModelOutput
+from fedrcl.models.output import LevelBackbone, ModelOutput, check_backbone_args
 
 
 def _gap(x: Tensor) -> Tensor:
@@ -46,7 +46,7 @@ class BasicBlock(nn.Module):
         return torch.relu(self.forward_preact(x))
 
 
-class ResNet18(nn.Module):
+class ResNet18(LevelBackbone):
     """ResNet-18 for small images (CIFAR / Tiny-ImageNet scale) with GroupNorm instead of BatchNorm.
 
     Layout: 3x3 stride-1 stem conv (no bias) + GroupNorm + ReLU, no max-pool, then four stages of
@@ -81,12 +81,7 @@ class ResNet18(nn.Module):
         norm_groups: int = 2,
     ) -> None:
         super().__init__()
-        if num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-        if in_channels < 1:
-            raise ValueError(f"in_channels must be >= 1, got {in_channels}")
-        if image_size < 1:
-            raise ValueError(f"image_size must be >= 1, got {image_size}")
+        check_backbone_args("ResNet18", num_classes, in_channels, image_size)
         if width < 1 or norm_groups < 1 or width % norm_groups != 0:
             raise ValueError(f"width ({width}) must be a positive multiple of norm_groups ({norm_groups})")
         self.num_classes = num_classes

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedrcl.models.output import ModelOutput
+from fedrcl.models.output import LevelBackbone, check_backbone_args
 
 _STEM = 24
 _REPEATS = (4, 8, 4)
@@ -73,7 +73,7 @@ class ShuffleUnit(nn.Module):
         return torch.relu(self.forward_preact(x))
 
 
-class ShuffleNetV1(nn.Module):
+class ShuffleNetV1(LevelBackbone):
     """ShuffleNet V1 for small images with GroupNorm (see the module docstring for layout and level taps).
 
     Weights use PyTorch's default initialisation.
@@ -90,9 +90,7 @@ class ShuffleNetV1(nn.Module):
     def __init__(self, num_classes: int, in_channels: int = 3, image_size: int = 32, groups: int = 3,
                  norm_groups: int = 2) -> None:
         super().__init__()
-        if num_classes < 1 or in_channels < 1 or image_size < 1:
-            raise ValueError(f"num_classes ({num_classes}), in_channels ({in_channels}) and image_size "
-                             f"({image_size}) must be >= 1")
+        check_backbone_args("ShuffleNetV1", num_classes, in_channels, image_size)
         if groups not in _WIDTHS:
             raise ValueError(f"groups must be one of {sorted(_WIDTHS)}, got {groups}")
         widths = _WIDTHS[groups]
@@ -134,11 +132,3 @@ class ShuffleNetV1(nn.Module):
         """Logits from ``relu`` of the last level's output: global average pool, then ``fc``."""
         return self.fc(h.mean(dim=(2, 3)))
 
-    def forward(self, x: Tensor) -> ModelOutput:
-        features: list[Tensor] = []
-        h = x
-        for level in range(len(self.feature_dims)):
-            pre = self.forward_level(level, h)
-            features.append(pre.mean(dim=(2, 3)))
-            h = torch.relu(pre)
-        return ModelOutput(logits=self.forward_head(h), features=features)

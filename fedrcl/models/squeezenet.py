@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedrcl.models.output import ModelOutput
+from fedrcl.models.output import LevelBackbone, check_backbone_args
 
 _STEM = 96
 # (input channels, output channels, squeeze channels) of fire2 ... fire9
@@ -60,7 +60,7 @@ class Fire(nn.Module):
         return torch.relu(self.forward_preact(x))
 
 
-class SqueezeNet(nn.Module):
+class SqueezeNet(LevelBackbone):
     """SqueezeNet with simple bypasses for small images, with GroupNorm (see the module docstring).
 
     Weights use PyTorch's default initialisation.
@@ -75,10 +75,7 @@ class SqueezeNet(nn.Module):
 
     def __init__(self, num_classes: int, in_channels: int = 3, image_size: int = 32, norm_groups: int = 2) -> None:
         super().__init__()
-        if num_classes < 1 or in_channels < 1:
-            raise ValueError(f"num_classes ({num_classes}) and in_channels ({in_channels}) must be >= 1")
-        if image_size < 8:
-            raise ValueError(f"SqueezeNet needs image_size >= 8 (three 2x2 max-pools), got {image_size}")
+        check_backbone_args("SqueezeNet", num_classes, in_channels, image_size, min_image_size=8)  # 3 max-pools
         if norm_groups < 1 or any(c % norm_groups for f in _FIRES for c in (f[1] // 2, f[2])) or _STEM % norm_groups:
             raise ValueError(f"norm_groups ({norm_groups}) must divide every channel count of SqueezeNet")
         self.num_classes, self.in_channels, self.image_size = num_classes, in_channels, image_size
@@ -114,11 +111,3 @@ class SqueezeNet(nn.Module):
         """Logits from ``relu`` of fire8's output: max-pool, fire9, global average pool, ``fc``."""
         return self.fc(self.fire9(F.max_pool2d(h, 2)).mean(dim=(2, 3)))
 
-    def forward(self, x: Tensor) -> ModelOutput:
-        features: list[Tensor] = []
-        h = x
-        for level in range(len(self.feature_dims)):
-            pre = self.forward_level(level, h)
-            features.append(pre.mean(dim=(2, 3)))
-            h = torch.relu(pre)
-        return ModelOutput(logits=self.forward_head(h), features=features)

@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedrcl.models.output import ModelOutput
+from fedrcl.models.output import LevelBackbone, check_backbone_args
 
 _CHANNELS = (32, 64, 128, 128, 256, 256)
 _POOL_BEFORE = (2, 4)  # levels whose input is max-pooled first (the pools after conv2 and conv4)
 
 
-class VGG9(nn.Module):
+class VGG9(LevelBackbone):
     """VGG-9 for small images with GroupNorm (see the module docstring for layout and level taps).
 
     Conv weights are drawn from ``N(0, 2 / (9 * out_channels))`` with zero biases (the authors'
@@ -41,10 +41,7 @@ class VGG9(nn.Module):
 
     def __init__(self, num_classes: int, in_channels: int = 3, image_size: int = 32, norm_groups: int = 2) -> None:
         super().__init__()
-        if num_classes < 1 or in_channels < 1:
-            raise ValueError(f"num_classes ({num_classes}) and in_channels ({in_channels}) must be >= 1")
-        if image_size < 8:
-            raise ValueError(f"VGG9 needs image_size >= 8 (three 2x2 max-pools), got {image_size}")
+        check_backbone_args("VGG9", num_classes, in_channels, image_size, min_image_size=8)  # 3 max-pools
         if norm_groups < 1 or any(c % norm_groups for c in _CHANNELS):
             raise ValueError(f"norm_groups ({norm_groups}) must divide every channel count {_CHANNELS}")
         self.num_classes, self.in_channels, self.image_size = num_classes, in_channels, image_size
@@ -82,11 +79,3 @@ class VGG9(nn.Module):
         h = F.adaptive_avg_pool2d(F.max_pool2d(h, 2), 4).flatten(1)
         return self.fc(torch.relu(self.fc2(torch.relu(self.fc1(h)))))
 
-    def forward(self, x: Tensor) -> ModelOutput:
-        features: list[Tensor] = []
-        h = x
-        for level in range(len(self.blocks)):
-            pre = self.forward_level(level, h)
-            features.append(pre.mean(dim=(2, 3)))
-            h = torch.relu(pre)
-        return ModelOutput(logits=self.forward_head(h), features=features)
