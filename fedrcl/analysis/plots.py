@@ -64,6 +64,7 @@ def plot_partition(counts: np.ndarray, ax: Any = None, scale: Literal["dataset",
                label=str(c) if num_classes <= 20 else None)
         bottom += shares[:, c]
     ax.set_xlim(-0.5, num_clients - 0.5)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # clients are whole numbers
     ax.set_xlabel("client (sorted by size)")
     ax.set_ylabel("share of the data set" if scale == "dataset" else "share of the client's data")
     if num_classes <= 20:
