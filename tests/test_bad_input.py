@@ -78,3 +78,13 @@ def test_checkpoint_from_another_configuration(data_root, tmp_path):
     ckpt = Path(first.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
     with pytest.raises(ValueError, match="data.seed was 0 there and is 1 here"):
         run_cli(data_root, tmp_path / "other", "--data.seed", "1", "--ckpt_path", str(ckpt), rounds=2)
+
+
+def test_batch_size_null_follows_the_papers_rule(data_root):
+    """batch_size null: the smallest client's size over local_iters_per_epoch (10 steps per epoch)."""
+    dm = FederatedDataModule(dataset="digits", root=str(data_root), num_clients=10, batch_size=None,
+                             local_iters_per_epoch=10)
+    dm.setup("fit")
+    assert dm.batch_size == min(len(i) for i in dm.client_indices) // 10
+    with pytest.raises(ValueError, match="batch_size may be null only with data.local_iters_per_epoch"):
+        FederatedDataModule(dataset="digits", batch_size=None)

@@ -55,7 +55,9 @@ class FederatedDataModule(L.LightningDataModule):
             may hold the images in another order, and for Tiny-ImageNet the order of the authors' loader is
             unverified. Checked before training: client count == ``num_clients``, indices inside the
             train set, no index held twice.
-        batch_size: local mini-batch size.
+        batch_size: local mini-batch size. null (with ``local_iters_per_epoch`` set): the smallest client's
+            size divided by ``local_iters_per_epoch``, the paper's rule ("the batch size is adjusted to
+            ensure 10 local iterations at each local epoch": 50 for 500 samples, 10 for 100).
         local_iters_per_epoch: steps per local epoch. ``None``: one pass over the client's data
             (ceil(n / batch_size) steps, the last batch smaller). An int: exactly that many full batches,
             drawn from consecutive shuffles of the client's data (the paper: 10).
@@ -78,7 +80,7 @@ class FederatedDataModule(L.LightningDataModule):
         shards_per_client: int = 2,
         seed: int = 0,
         partition_file: Optional[str] = None,
-        batch_size: int = 50,
+        batch_size: Optional[int] = 50,
         local_iters_per_epoch: Optional[int] = None,
         eval_batch_size: int = 1000,
         augment: bool = True,
@@ -88,8 +90,10 @@ class FederatedDataModule(L.LightningDataModule):
         self.info = dataset_info(dataset)
         for key, value in (("num_clients", num_clients), ("batch_size", batch_size), ("views", views),
                            ("eval_batch_size", eval_batch_size), ("shards_per_client", shards_per_client)):
-            if value < 1:
+            if value is not None and value < 1:
                 raise ValueError(f"data.{key} must be >= 1, got {value}")
+        if batch_size is None and local_iters_per_epoch is None:
+            raise ValueError("data.batch_size may be null only with data.local_iters_per_epoch set")
         if local_iters_per_epoch is not None and local_iters_per_epoch < 1:
             raise ValueError(f"data.local_iters_per_epoch must be >= 1 or null, got {local_iters_per_epoch}")
         if partition.startswith("dirichlet") and not alpha > 0:
@@ -145,6 +149,8 @@ class FederatedDataModule(L.LightningDataModule):
         self.classes = data.classes
         self.client_indices = [torch.as_tensor(p, dtype=torch.long, device=device) for p in self.split(data.y_train)]
         smallest = min(range(self.num_clients), key=lambda k: len(self.client_indices[k]))
+        if self.batch_size is None:
+            self.batch_size = max(1, len(self.client_indices[smallest]) // self.local_iters_per_epoch)
         if len(self.client_indices[smallest]) < self.batch_size:
             raise ValueError(
                 f"data.batch_size={self.batch_size} is larger than client {smallest}'s "
