@@ -4,17 +4,19 @@
     fedrcl report runs --out report.md
 
 A run is a TensorBoard run folder (``<save_dir>/<name>``) anywhere under ``RUNS_DIR``. What it ran is read
-from the ``config.yaml`` LightningCLI saved in each ``version_k`` folder (data set, partition and alpha,
-clients, local epochs, method and server class, backbone), never from its name: a method config applied
-on top of a base config keeps the base's run name. Versions of one run folder with the same setting are one
-run (a resume continues in a new version; a later version's point replaces an earlier one at the same
-round); versions with another setting are separate runs.
+from the ``config.yaml`` LightningCLI saved in each ``version_k`` folder (data set, partition with alpha or
+shards per client, clients, local epochs, method and server class, backbone, FedRCL's beta and levels),
+never from its name: a method config applied on top of a base config keeps the base's run name. Versions of
+one run folder with the same setting are one run (a resume continues in a new version; a later version's
+point replaces an earlier one at the same round); versions with another setting are separate runs.
 
 The paper's numbers live in ``fedrcl/paper_results.json``: per table its fixed setting, its blocks (e.g. data
-sets), columns (e.g. alpha) and rows (methods), each with the setting keys a run must match, and the values
-at the table's rounds. A run fills a cell when its setting matches the table's, the block's, the column's
-and the row's. Our value is the ``val/acc_ema`` curve (the accuracy EMA the paper reports) at the round, or
-at the last round logged, marked ``*``, when the run stopped earlier. Cells without a run stay empty.
+sets), columns (e.g. alpha; a block may list its own) and rows (methods), each with the setting keys (those
+of ``run_setting``) a run must match, and the values at the table's rounds, with an optional note. A run
+fills a cell when its setting matches the table's, the block's, the column's and the row's; one run can
+fill cells of several tables. Our value is the ``val/acc_ema`` curve (the accuracy EMA the paper reports)
+at the round, or at the last round logged, marked ``*``, when the run stopped earlier. Cells without a run
+stay empty.
 """
 from __future__ import annotations
 
@@ -81,11 +83,12 @@ def _init_args(spec: Any) -> dict[str, Any]:
 def run_setting(config: dict[str, Any]) -> dict[str, Any]:
     """The facts of a run that the paper's tables are keyed by, from its saved LightningCLI config.
 
-    Keys: ``dataset``, ``partition``, ``alpha`` (``None`` unless a Dirichlet partition), ``num_clients``,
-    ``clients_per_round`` (also from ``participation``), ``local_epochs``, ``batch_size``,
-    ``local_iters_per_epoch``, ``server`` (class name; ``FedAvg`` when none), ``method`` (the client
-    algorithm's class name), ``backbone`` (class name), ``width`` (the backbone's, when it has one),
-    ``partition_file``.
+    Keys: ``dataset``, ``partition``, ``alpha`` (``None`` unless a Dirichlet partition), ``shards_per_client``
+    (``None`` unless a ``shards`` partition), ``num_clients``, ``clients_per_round`` (also from
+    ``participation``), ``local_epochs``, ``batch_size``, ``local_iters_per_epoch``, ``server`` (class name;
+    ``FedAvg`` when none), ``method`` (the client algorithm's class name), ``beta`` and ``levels`` (the
+    method's, when it has them; ``levels`` a tuple, ``None`` for all levels), ``backbone`` (class name),
+    ``width`` (the backbone's, when it has one), ``partition_file``.
     """
     data = config.get("data") or {}
     if "class_path" in data:
@@ -95,11 +98,13 @@ def run_setting(config: dict[str, Any]) -> dict[str, Any]:
     clients_per_round = trainer.get("clients_per_round")
     if clients_per_round is None and trainer.get("participation") is not None and num_clients is not None:
         clients_per_round = max(1, round(trainer["participation"] * num_clients))
-    backbone = _init_args(model).get("backbone")
+    method_args = _init_args(model)
+    backbone, levels = method_args.get("backbone"), method_args.get("levels")
     return {
         "dataset": data.get("dataset"),
         "partition": partition,
         "alpha": data.get("alpha") if str(partition).startswith("dirichlet") else None,
+        "shards_per_client": data.get("shards_per_client") if partition == "shards" else None,
         "num_clients": num_clients,
         "clients_per_round": clients_per_round,
         "local_epochs": trainer.get("local_epochs"),
@@ -107,6 +112,8 @@ def run_setting(config: dict[str, Any]) -> dict[str, Any]:
         "local_iters_per_epoch": data.get("local_iters_per_epoch"),
         "server": _class_name(trainer.get("server")) or "FedAvg",
         "method": _class_name(model),
+        "beta": method_args.get("beta"),
+        "levels": tuple(levels) if levels is not None else None,
         "backbone": _class_name(backbone),
         "width": _init_args(backbone).get("width"),
         "partition_file": data.get("partition_file"),
@@ -150,6 +157,8 @@ def collect_runs(root: str | Path) -> list[RunResult]:
 def _matches(setting: dict[str, Any], required: dict[str, Any]) -> bool:
     for key, want in required.items():
         have = setting.get(key)
+        if isinstance(want, list):  # JSON has no tuples: levels
+            want = tuple(want)
         if isinstance(want, float) and isinstance(have, (int, float)) and not isinstance(have, bool):
             if not math.isclose(have, want, rel_tol=1e-9):
                 return False
@@ -158,11 +167,16 @@ def _matches(setting: dict[str, Any], required: dict[str, Any]) -> bool:
     return True
 
 
+def _columns(table: dict[str, Any], block: dict[str, Any]) -> list[dict[str, Any]]:
+    """The block's own columns where it lists them (e.g. the shard counts of Table A), else the table's."""
+    return block["columns"] if "columns" in block else table["columns"]
+
+
 def _cells(table: dict[str, Any]):
     """``(block, row, column, required setting)`` for every cell of ``table``."""
     for block in table["blocks"]:
         for row in table["rows"]:
-            for column in table["columns"]:
+            for column in _columns(table, block):
                 yield block["name"], row["name"], column["name"], \
                     {**table["setting"], **block["setting"], **column["setting"], **row["setting"]}
 
@@ -188,6 +202,8 @@ def _split_name(setting: dict[str, Any]) -> str:
     name = str(setting["partition"])
     if setting["alpha"] is not None:
         name += f" α={setting['alpha']:g}"
+    if setting["shards_per_client"] is not None:
+        name += f" γ={setting['shards_per_client']}"
     if setting["partition_file"]:
         name += f" (file {Path(setting['partition_file']).name})"
     return name
@@ -196,14 +212,17 @@ def _split_name(setting: dict[str, Any]) -> str:
 def _render_table(table: dict[str, Any], shown: dict[tuple, RunResult]) -> list[str]:
     out = [f"## {table['title']} (`{table['label']}`)", "",
            "Setting of every cell: " + ", ".join(f"{k} {v}" for k, v in table["setting"].items()) + ".", ""]
-    header = [f"{c['name']} {r}R" for c in table["columns"] for r in table["rounds"]]
+    if "note" in table:
+        out += [table["note"], ""]
     for block in table["blocks"]:
+        columns = _columns(table, block)
+        header = [f"{c['name']} {r}R" for c in columns for r in table["rounds"]]
         out += [f"### {block['name']}", "", "| Method | " + " | ".join(header) + " |",
                 "|:--|" + "--:|" * len(header)]
         for row in table["rows"]:
             paper_row = table["values"].get(block["name"], {}).get(row["name"], {})
             paper_cells, our_cells = [], []
-            for column in table["columns"]:
+            for column in columns:
                 paper = paper_row.get(column["name"], [None] * len(table["rounds"]))
                 run = shown.get((table["label"], block["name"], row["name"], column["name"]))
                 for round_idx, theirs in zip(table["rounds"], paper):
@@ -226,7 +245,9 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
     paper = load_paper_results() if paper is None else paper
     tables = paper["tables"]
     shown = _assign(tables, list(runs))
-    placed = {id(run): cell for cell, run in shown.items()}
+    placed: dict[int, list[tuple]] = {}
+    for cell, run in shown.items():
+        placed.setdefault(id(run), []).append(cell)
     out = [f"# fedrcl report{': ' + title if title else ''}", "",
            f"Paper: {paper['source']}.",
            "Each method has the paper's row and ours beneath it: our `val/acc_ema` (EMA 0.9 of the test "
@@ -239,12 +260,11 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
         out += ["No runs found (a run is a folder of `version_*` folders holding `config.yaml`).", ""]
         return "\n".join(out)
     out += ["| Run | Versions | Dataset | Split | Method | Server | Backbone | Clients/round | Rounds | "
-            "Last EMA | Cell |", "|:--|:--|:--|:--|:--|:--|:--|--:|--:|--:|:--|"]
+            "Last EMA | Cells |", "|:--|:--|:--|:--|:--|:--|:--|--:|--:|--:|:--|"]
     for run in runs:
         s = run.setting
         backbone = f"{s['backbone']}" + (f" (width {s['width']})" if s["width"] is not None else "")
-        cell = placed.get(id(run))
-        where = " / ".join(map(str, cell)) if cell else "—"
+        where = "; ".join(" / ".join(map(str, cell)) for cell in placed.get(id(run), [])) or "—"
         last = f"{run.ema[-1]:.2f}" if len(run.ema) else "no val/acc_ema yet"
         out.append(" | ".join(["", _md(run.path), _md(", ".join(run.versions)), _md(s["dataset"]),
                                _md(_split_name(s)), _md(s["method"]), _md(s["server"]), _md(backbone),

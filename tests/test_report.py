@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -12,48 +13,106 @@ from torch.utils.tensorboard import SummaryWriter
 from conftest import REPO, run_cli
 from fedrcl.analysis.runs import load_scalars
 from fedrcl.cli import main
-from fedrcl.report import RunResult, collect_runs, load_paper_results, render_report
+from fedrcl.report import RunResult, _cells, collect_runs, load_paper_results, render_report, run_setting
 
 TEX = REPO.parent / "shared" / "reference" / "fedrcl-paper.tex"
+needs_tex = pytest.mark.skipif(not TEX.exists(), reason="the paper's LaTeX source is not beside the repo")
 
 
-def tex_table1() -> dict[tuple[str, str], list[float]]:
-    """``{(dataset, method): [10 numbers]}`` read from the LaTeX rows of ``tab:cifar100``."""
+def _plain(cell: str) -> str:
+    r"""A LaTeX cell as text: citations, ``(ours)``, ``\textbf{}`` and braces dropped."""
+    cell = re.sub(r"~?\\cite[pt]?\{[^}]*\}", "", cell)
+    return re.sub(r"\\textbf\{|[{}]", "", cell).replace(" (ours)", "").strip()
+
+
+def tex_table(label: str) -> tuple[str, list[tuple[Optional[str], str, list[float]]]]:
+    r"""The header text and the number rows ``(block, row name, numbers)`` of the tabular after
+    ``\label{label}``; ``block``: the last ``\multirow`` name above the row (Table 1's data sets), or None."""
     text = TEX.read_text()
-    start = text.index(r"\label{tab:cifar100}")
-    body = text[start:text.index(r"\end{tabular}", start)]
-    rows, dataset = {}, None
-    for line in body.splitlines():
-        block = re.search(r"\\multirow\{\d+\}\{\*\}\{([^}]*)\}", line)
-        dataset = block.group(1) if block else dataset
-        cells = [c.strip() for c in line.strip().removesuffix(r"\\").split("&")]
-        if dataset is None or len(cells) != 12 or not all(re.search(r"\d\.\d\d", c) for c in cells[2:]):
-            continue  # header rows
-        method = re.sub(r"\\textbf\{(.*)\}", r"\1", re.sub(r"~?\\cite[pt]?\{[^}]*\}", "", cells[1])).strip()
-        rows[(dataset, method.removesuffix(" (ours)"))] = [float(re.sub(r"\\textbf\{(.*)\}", r"\1", c))
-                                                          for c in cells[2:]]
-    return rows
+    start = text.index(rf"\label{{{label}}}")
+    body = text[text.index(r"\begin{tabular}", start):text.index(r"\end{tabular}", start)]
+    header, rows, block = "", [], None
+    for line in body.splitlines()[1:]:
+        block = next(iter(re.findall(r"\\multirow\{\d+\}\{\*\}\{([^}]*)\}", line)), block)
+        cells = [_plain(c) for c in line.strip().removesuffix(r"\\").split("&")]
+        name_at = 1 if block else 0
+        numbers = cells[name_at + 1:]
+        if numbers and all(re.fullmatch(r"\d+\.\d+", c) for c in numbers):
+            rows.append((block, cells[name_at], [float(c) for c in numbers]))
+        elif not rows:
+            header += line
+    return header, rows
 
 
-@pytest.mark.skipif(not TEX.exists(), reason="the paper's LaTeX source is not beside the repository")
-def test_paper_results_are_table1_of_the_tex_source():
-    expected = tex_table1()
-    assert len(expected) == 30
-    table = next(t for t in load_paper_results()["tables"] if t["label"] == "tab:cifar100")
-    assert table["rounds"] == [500, 1000]
-    got = {(block, row): [v for column in table["columns"] for v in cells[column["name"]]]
-           for block, rows in table["values"].items() for row, cells in rows.items()}
-    assert got == expected
+def paper_rows(table: dict, blocks_down: bool) -> list[tuple[Optional[str], str, list[float]]]:
+    """``table``'s values in the tex's order: a row per (block, method) with its columns x rounds when the
+    blocks go down the tex table (Table 1), else a row per method with its blocks x columns x rounds."""
+    def numbers(row, blocks):
+        return [v for block in blocks for column in block.get("columns", table.get("columns"))
+                for v in table["values"][block["name"]][row["name"]][column["name"]]]
+    if blocks_down:
+        return [(block["name"], row["name"], numbers(row, [block])) for block in table["blocks"]
+                for row in table["rows"]]
+    return [(None, row["name"], numbers(row, table["blocks"])) for row in table["rows"]]
 
 
-def test_paper_table1_cells_name_runs_we_can_make():
-    from fedrcl import algorithms
+def _tex(name: str) -> str:
+    r"""A column name as the tex header writes it, without spaces: ``α=0.05`` is ``$\alpha=0.05$``."""
+    return name.replace("α", r"$\alpha").replace("γ", r"$\gamma").replace(" ", "")
+
+
+PAPER = load_paper_results()
+
+
+@needs_tex
+def test_every_results_table_of_the_tex_is_typed_in():
+    labels = re.findall(r"\\label\{(tab:[^}]*)\}", TEX.read_text())
+    assert [t["label"] for t in PAPER["tables"]] == labels
+
+
+@needs_tex
+@pytest.mark.parametrize("table", PAPER["tables"], ids=lambda t: t["label"])
+def test_paper_results_are_the_tex_tables(table):
+    header, expected = tex_table(table["label"])
+    blocks_down = expected[0][0] is not None
+    assert paper_rows(table, blocks_down) == expected
+    blocks = table["blocks"][:1] if blocks_down else table["blocks"]
+    columns = [c["name"] for b in blocks for c in b.get("columns", table.get("columns"))]
+    header = header.replace(" ", "")
+    at = 0
+    for name in columns:  # the column names in the tex header's order
+        at = header.index(_tex(name), at) + 1
+    rounds = [int(r) for r in re.findall(r"(\d+)R\b", header)]
+    if rounds:
+        assert rounds == [r for _ in columns for r in table["rounds"]]
+    else:  # one number per cell, no round in the tex: the note says which and why
+        assert table["rounds"] == [1000] and "1000R" in table["note"]
+
+
+def test_single_round_tables_repeat_other_tables_at_1000_rounds():
+    tables = {t["label"]: t["values"] for t in PAPER["tables"]}
+    table1, layers = tables["tab:cifar100"]["CIFAR-100"], tables["tab:layer_abl"]["CIFAR-100"]
+    for row, same in (("Baseline", "FedAvg"), ("Multi-layers", "FedRCL")):
+        assert layers[row] == {alpha: table1[same][alpha][1:] for alpha in layers[row]}
+    table5, table_b = tables["tab:integration_server"]["Dirichlet α=0.3"], \
+        tables["tab:integration_server_sup"]["Dirichlet α=0.3"]
+    differ = {(row, dataset) for row, cells in table5.items() for dataset, values in cells.items()
+              if values != table_b[row][dataset][1:]}
+    assert differ == {("FedADAM + FedRCL", "Tiny-ImageNet")}  # 41.57 in Table 5, 42.27 in Table B
+
+
+def test_paper_cells_name_runs_we_can_make():
+    from fedrcl import algorithms, models, server
     from fedrcl.data.datasets import DATASETS
 
-    table = next(t for t in load_paper_results()["tables"] if t["label"] == "tab:cifar100")
-    assert all(hasattr(algorithms, row["setting"]["method"]) for row in table["rows"])
-    assert all(block["setting"]["dataset"] in DATASETS for block in table["blocks"])
-    assert [c["setting"].get("alpha") for c in table["columns"]] == [0.05, 0.1, 0.3, 0.6, None]
+    keys = set(run_setting({}))
+    for table in PAPER["tables"]:
+        for _, _, _, required in _cells(table):
+            assert set(required) <= keys, table["label"]
+            assert hasattr(algorithms, required["method"]) and hasattr(server, required["server"])
+            assert hasattr(models, required["backbone"]) and required["dataset"] in DATASETS
+    table1 = PAPER["tables"][0]
+    assert [c["setting"].get("alpha") for c in table1["columns"]] == [0.05, 0.1, 0.3, 0.6, None]
 
 
 def test_ema_at_a_round_or_at_the_last_round_reached():
@@ -67,11 +126,12 @@ def test_ema_at_a_round_or_at_the_last_round_reached():
 def fake_config(dataset="cifar100", partition="dirichlet", alpha=0.05, method="FedRCL", backbone="ResNet18",
                 clients_per_round=5, participation=None) -> dict:
     """The keys of a LightningCLI-saved config.yaml that the report reads, as a paper config gives them."""
+    method_args = {"beta": 1.0, "levels": None} if method == "FedRCL" else {}
+    backbone = {"class_path": f"fedrcl.models.{backbone}", "init_args": {"width": 64, "norm_groups": 2}}
     return {"trainer": {"rounds": 1000, "clients_per_round": clients_per_round,
                         "participation": participation, "local_epochs": 5, "server": None},
             "model": {"class_path": f"fedrcl.algorithms.{method}",
-                      "init_args": {"backbone": {"class_path": f"fedrcl.models.{backbone}",
-                                                 "init_args": {"width": 64, "norm_groups": 2}}}},
+                      "init_args": {**method_args, "backbone": backbone}},
             "data": {"dataset": dataset, "num_clients": 100, "partition": partition, "alpha": alpha,
                      "partition_file": None, "batch_size": 50, "local_iters_per_epoch": 10}}
 
@@ -142,6 +202,69 @@ def test_report_puts_our_numbers_beside_the_papers(fake_runs):
     assert cnn[5:] == ["SmallCNN (width 64)", "5/100", "10", "30.00", "—"]
     shown = next(cells for label, cells in runs.items() if label.endswith("/cifar10_iid"))
     assert shown[-1] == "tab:cifar100 / CIFAR-10 / FedRCL / i.i.d."
+
+
+def section(markdown: str, label: str) -> str:
+    """The part of the report under the heading of table ``label``."""
+    start = markdown.index(f"(`{label}`)\n")
+    return markdown[start:markdown.find("\n## ", start)]
+
+
+def test_report_renders_every_table_in_the_papers_layout():
+    markdown = render_report([])
+    for table in PAPER["tables"]:
+        assert f"\n## {table['title']} (`{table['label']}`)\n" in markdown
+        for block in table["blocks"]:
+            rows = rows_of(section(markdown, table["label"]), f"### {block['name']}")
+            assert len(rows) == 2 * len(table["rows"])
+    shards = section(markdown, "tab:quantity-based")
+    assert "| Method | γ=2 500R | γ=2 1000R | γ=5 500R | γ=5 1000R |" in shards  # a block's own columns
+    assert rows_of(shards, "### CIFAR-100")["FedRCL (paper)"] == ["51.09", "59.78", "58.05", "63.50"]
+    assert rows_of(section(markdown, "tab:local_epochs"), "### CIFAR-100")["FedLC (paper)"][2] == "42.70"
+    layers = section(markdown, "tab:layer_abl")
+    assert "| Method | α=0.05 1000R | α=0.1 1000R | α=0.3 1000R | α=0.6 1000R |" in layers
+    assert "Table 1's 1000R numbers" in layers  # the note
+
+
+# configs/README.md's recipe for a cell of each table: the cells its run fills
+RECIPES = [
+    (["tinyimagenet_a03.yaml"], ["tab:cifar100 / Tiny-ImageNet / FedRCL / α=0.3"]),
+    (["cifar100_a005.yaml", "methods/fedavg.yaml"],
+     ["tab:cifar100 / CIFAR-100 / FedAvg / α=0.05", "tab:cl_abl / CIFAR-100 / Baseline / α=0.05",
+      "tab:layer_abl / CIFAR-100 / Baseline / α=0.05"]),
+    (["cifar100_a03.yaml", "methods/fedscl.yaml"], ["tab:cl_abl / CIFAR-100 / FedSCL / α=0.3"]),
+    (["cifar100_a01.yaml", "methods/fedcl.yaml"], ["tab:cl_abl / CIFAR-100 / FedCL / α=0.1"]),
+    (["cifar100_a01.yaml", "methods/fedrcl_last_level.yaml"],
+     ["tab:layer_abl / CIFAR-100 / Last-layer only / α=0.1"]),
+    (["cifar100_a03.yaml", "--model.init_args.beta", "5"], []),  # the beta figure's runs fill no table
+    (["cifar10_a03.yaml", "settings/participation2_clients500.yaml", "methods/moon.yaml"],
+     ["tab:large_scale / CIFAR-10 / MOON / 500 clients"]),
+    (["tinyimagenet_a03.yaml", "server/fedacg.yaml"],
+     ["tab:integration_server / Dirichlet α=0.3 / FedACG + FedRCL / Tiny-ImageNet",
+      "tab:integration_server_sup / Dirichlet α=0.3 / FedACG + FedRCL / Tiny-ImageNet"]),
+    (["cifar10_a03.yaml", "server/fedadam.yaml", "methods/feddecorr.yaml"],
+     ["tab:integration_server_sup / Dirichlet α=0.3 / FedADAM + FedDecorr / CIFAR-10"]),
+    (["cifar10_iid.yaml", "settings/shards_gamma5.yaml", "methods/fedlc.yaml"],
+     ["tab:quantity-based / CIFAR-10 / FedLC / γ=5"]),
+    (["cifar100_a03.yaml", "backbones/mobilenetv2.yaml"],
+     ["tab:other_backbone / CIFAR-100 / FedRCL / MobileNet-V2"]),
+    (["cifar100_a03.yaml", "backbones/vgg9.yaml", "methods/fitnet.yaml"],
+     ["tab:other_backbone / CIFAR-100 / + FitNet / VGG-9"]),
+    (["tinyimagenet_a005.yaml", "settings/local_epochs10.yaml", "methods/feddecorr.yaml"],
+     ["tab:local_epochs / Tiny-ImageNet / FedDecorr / α=0.05"]),
+]
+
+
+@pytest.mark.parametrize("args, cells", RECIPES, ids=[" ".join(args) for args, _ in RECIPES])
+def test_a_run_made_by_the_configs_recipe_fills_its_cells(args, cells, capsys):
+    argv = ["fit"]
+    for arg in args:
+        argv += ["--config", str(REPO / "configs" / arg)] if arg.endswith(".yaml") else [arg]
+    with pytest.raises(SystemExit):
+        main(argv + ["--print_config"])
+    setting = run_setting(yaml.safe_load(capsys.readouterr().out))
+    run = RunResult(REPO / "runs" / "recipe", ("version_0",), setting, np.array([1000]), np.array([50.0]))
+    assert rows_of(render_report([run]), "## Runs")[str(run.path)][-1] == ("; ".join(cells) or "—")
 
 
 @pytest.mark.slow
