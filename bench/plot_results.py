@@ -1,7 +1,7 @@
 """Curves and a markdown table of test accuracy (and its EMA) from TensorBoard runs.
 
-    python bench/plot_results.py --out docs/cnn.png --rounds 25 50 100 200 \
-        FedAvg=runs/cifar10_a01_cnn_fedavg FedRCL=runs/cifar10_a01_cnn_fedrcl
+    python bench/plot_results.py FedAvg=runs/cifar10_a01_cnn_fedavg FedRCL=runs/cifar10_a01_cnn_fedrcl \
+        --out docs/cnn.png --rounds 25 50 100 200
 
 Each LABEL=PATH names a run folder (its versions merged, as after a resume) or a single event file. Prints one markdown
 row per run: EMA(0.9) accuracy at the given rounds ("-" where the run did not reach them) and the last
