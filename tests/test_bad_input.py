@@ -88,3 +88,11 @@ def test_batch_size_null_follows_the_papers_rule(data_root):
     assert dm.batch_size == min(len(i) for i in dm.client_indices) // 10
     with pytest.raises(ValueError, match="batch_size may be null only with data.local_iters_per_epoch"):
         FederatedDataModule(dataset="digits", batch_size=None)
+
+
+def test_resume_with_another_split_file_is_refused(data_root, tmp_path):
+    first = run_cli(data_root, tmp_path, rounds=1)
+    log_dir = Path(first.trainer.logger.log_dir)
+    with pytest.raises(ValueError, match="data.partition_file was None there"):
+        run_cli(data_root, tmp_path / "other", "--data.partition_file", str(log_dir / "split.json"),
+                "--ckpt_path", str(log_dir / "checkpoints" / "last.ckpt"), rounds=2)

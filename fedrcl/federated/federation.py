@@ -80,7 +80,8 @@ class Federation(L.Callback):
                              f"data.num_clients={dm.num_clients}")
         self._fingerprint = {
             "data.dataset": dm.dataset, "data.num_clients": dm.num_clients, "data.partition": dm.partition,
-            "data.alpha": dm.alpha, "data.seed": dm.seed, "model": type(pl_module).__name__,
+            "data.alpha": dm.alpha, "data.seed": dm.seed, "data.partition_file": dm.partition_file,
+            "model": type(pl_module).__name__,
             "model.backbone": type(pl_module.backbone).__name__, "trainer.seed": self.seed,
         }
 
