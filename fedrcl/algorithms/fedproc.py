@@ -8,6 +8,9 @@ the prototypical contrastive loss (``fedrcl.losses.prototype_contrastive``); ``t
 the run's rounds (``anneal_rounds``), so the CE weight grows from 0 to 1 while the prototype term fades (the paper's annealed
 hybrid loss). Round 0 has no prototypes yet: its clients train on CE alone (weight 1), since the paper's
 schedule would give them no loss at all.
+Checked against a public FedProc implementation (the FPL benchmark code): the same hybrid loss and linear
+schedule, there with ``T - 1`` in place of ``T`` (its last round is CE only), cosine similarities without a
+temperature (our default ``temperature=1``), and a zero loss in the prototype-less first round.
 
 Server side (``PrototypeServer``): after local training each client computes, on its own data and with its
 own final weights, the per-class sums of ``z`` (un-augmented images) and its per-class counts, and reports

@@ -16,7 +16,8 @@ learning rate the FedACG authors' code runs FedAdam with in this very setting (R
 github.com/geehokim/FedACG: ``server=FedAdam ... trainer.global_lr=0.01``, CIFAR-100, 100 clients, 5%
 participation, Dirichlet 0.3; the FedRCL release, github.com/skynbe/FedRCL ``servers/base.py``, has the
 same ``ServerAdam`` reading its server lr from ``trainer.global_lr``). Reddi et al. fix beta1 = 0.9,
-beta2 = 0.99 and tune eta and tau per task; FedYogi and FedAdagrad take the same defaults here.
+beta2 = 0.99 and tune eta and tau per task; FedYogi and FedAdagrad take the same defaults here (Flower's
+``FedYogi`` strategy has the same server defaults: eta 1e-2, beta1 0.9, beta2 0.99, tau 1e-3).
 """
 from __future__ import annotations
 
