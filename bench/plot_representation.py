@@ -1,7 +1,9 @@
 """Effective rank and VCI per feature level from runs logged with RepresentationMonitor (Figures 2-3).
 
     python bench/plot_representation.py FedAvg=runs/cifar10_a01_cnn_fedavg_monitor \
-        FedSCL=runs/cifar10_a01_cnn_fedscl_monitor --out docs/repr_cnn.png --rounds 5 25 50 100 200   # docs/repr_cnn_vci.png, ...
+        FedSCL=runs/cifar10_a01_cnn_fedscl_monitor --out docs/repr_cnn.png --rounds 5 25 50 100 200
+
+writes docs/repr_cnn_effective_rank.png, docs/repr_cnn_vci.png (and ``_local`` ones).
 
 Draws one row per (metric, model): effective rank and VCI of the global model's features, and, where the
 runs logged them, of the round's last local model; one panel per level, one curve per run. Prints a
@@ -37,7 +39,8 @@ def table(runs: dict, prefix: str, metric: str, rounds: list[int]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="LABEL=PATH (a run folder or a single event file)")
-    parser.add_argument("--out", type=Path, required=True, help="PNG name stem: writes <stem>_<metric>[_local].png beside it")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="PNG name stem: writes <stem>_<metric>[_local].png beside it")
     parser.add_argument("--rounds", type=int, nargs="+", default=[5, 25, 50, 100, 200])
     args = parser.parse_args()
     runs = {label: load_scalars(Path(path)) for label, path in (spec.split("=", 1) for spec in args.runs)}
