@@ -135,3 +135,11 @@ def test_bf16_mixed_precision(data_root, tmp_path):
     log_dir = Path(cli.trainer.logger.log_dir)
     assert all(torch.isfinite(torch.tensor(v)) for _, v in scalars(log_dir, "train/loss"))
     assert cli.model.backbone.fc1.weight.dtype == torch.float32  # mixed: weights stay float32
+
+
+def test_progress_bar_counts_rounds(data_root, tmp_path, capsys):
+    """The bar is labelled 'Round r/R' from its first line on, never with Lightning's 0-based 'Epoch'."""
+    run_cli(data_root, tmp_path, "--trainer.enable_progress_bar", "true")
+    shown = "".join(capsys.readouterr())
+    assert "Round 1/2" in shown and "Round 2/2" in shown
+    assert "Epoch" not in shown

@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from fedrcl.federated.federation import Federation
@@ -18,11 +19,15 @@ _OWNED = {"max_epochs": None, "min_epochs": None, "max_steps": -1, "check_val_ev
 
 
 class RoundProgressBar(TQDMProgressBar):
-    """Lightning's progress bar, labelled by round."""
+    """Lightning's progress bar, labelled by round (and never by Lightning's 0-based epoch)."""
 
-    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        super().on_train_epoch_start(trainer, *args)
-        self.train_progress_bar.set_description(f"Round {trainer.current_epoch + 1}/{trainer.max_epochs}")
+    def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
+        if self._leave:
+            self.train_progress_bar = self.init_train_tqdm()
+        bar = self.train_progress_bar
+        # Label first, then reset: reset() draws the bar, which in a log file is a line of its own.
+        bar.set_description(f"Round {trainer.current_epoch + 1}/{trainer.max_epochs}", refresh=False)
+        bar.reset(total=convert_inf(self.total_train_batches))
 
 
 class RoundCheckpoint(ModelCheckpoint):
