@@ -20,13 +20,13 @@ def authors_text(parts: dict[int, list[int]]) -> str:
 
 
 def test_json_round_trip(tmp_path):
-    parts = [np.array([4, 0, 9]), np.array([], dtype=np.int64), np.array([7, 1])]
+    parts = [np.array([4, 0, 9]), np.array([5], dtype=np.int64), np.array([7, 1])]
     path = write_split(tmp_path / "split.json", parts, "cifar10")
     doc = json.loads(path.read_text())
     assert doc == {"format": SPLIT_FORMAT, "dataset": "cifar10", "num_clients": 3,
-                   "clients": [[4, 0, 9], [], [7, 1]]}
+                   "clients": [[4, 0, 9], [5], [7, 1]]}
     got = read_split(path, num_clients=3, num_samples=10, dataset="cifar10")
-    assert [p.tolist() for p in got] == [[0, 4, 9], [], [1, 7]]
+    assert [p.tolist() for p in got] == [[0, 4, 9], [5], [1, 7]]
     assert all(p.dtype == np.int64 for p in got)
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
 
@@ -52,6 +52,8 @@ MALFORMED = [
     ("{0: [1, 2], 1: (3, 4)}", r"client 1 maps to '\(3, 4\)' \(line 1\), not a list"),
     ("{0: [1, 2], 1: [2, 3]}", r"index 2 is held by clients 0 and 1"),
     ("{0: [1, 1], 1: [3]}", r"index 1 is held by client 0 twice"),
+    ("{0: [1, 2], 1: []}", r"client 1 holds no samples; every client needs at least one"),
+    ("{0: [], 1: []}", r"client 0 holds no samples \(and 1 more: 1\)"),
     ("{0: [1, 2], 1: [3, 10]}", r"client 1 holds index 10, outside the train set: indices must be 0 \.\. 9"),
     ("{0: [-1, 2], 1: [3]}", r"client 0 holds index -1, outside the train set"),
     ("{0: [1], 1: [2], 2: [3]}", r"holds 3 clients, but data.num_clients is 2"),

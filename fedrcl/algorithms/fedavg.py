@@ -131,9 +131,11 @@ class FedAvg(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         acc = self.val_acc.compute().item()
         self.val_acc.reset()
-        self.acc_ema = acc if self.acc_ema is None else self.ema_decay * self.acc_ema + (1 - self.ema_decay) * acc
-        self.log_dict({"val/acc": acc, "val/acc_ema": self.acc_ema, "step": float(self.current_epoch + 1)},
-                      prog_bar=True)
+        if self.trainer.state.fn == "fit":  # `fedrcl validate` reports the checkpoint's EMA (or none)
+            self.acc_ema = acc if self.acc_ema is None else \
+                self.ema_decay * self.acc_ema + (1 - self.ema_decay) * acc
+        ema = {} if self.acc_ema is None else {"val/acc_ema": self.acc_ema}
+        self.log_dict({"val/acc": acc, **ema, "step": float(self.current_epoch + 1)}, prog_bar=True)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.validation_step(batch, batch_idx)

@@ -21,7 +21,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["DatasetInfo", "DATASETS", "dataset_info", "ImageData", "load_dataset"]
+__all__ = ["DatasetInfo", "DATASETS", "dataset_info", "ImageData", "load_dataset", "DataUnavailableError",
+           "TINYIMAGENET_URL"]
+
+TINYIMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+
+
+class DataUnavailableError(FileNotFoundError):
+    """The data set is neither in ``root`` nor could be fetched; the message says what to do by hand."""
 
 
 @dataclass(frozen=True)
@@ -95,9 +102,13 @@ def load_dataset(name: str, root: str | Path, download: bool = False) -> ImageDa
     naming the file and the offending array (delete it to rebuild).  Building:
 
     * ``cifar10`` / ``cifar100``: torchvision's data set under ``root``
-      (downloaded there when ``download`` is true).
-    * ``tinyimagenet``: the standard ``<root>/tiny-imagenet-200`` folder; its
-      ``val`` split is the test set.  Never downloaded.
+      (downloaded there when ``download`` is true; an archive put in ``root``
+      by hand is checked and unpacked, with no download).
+    * ``tinyimagenet``: the standard ``<root>/tiny-imagenet-200`` folder
+      (``TINYIMAGENET_URL`` unzipped); its ``val`` split is the test set.
+      Never downloaded.
+
+    Data neither found nor fetched raises :class:`DataUnavailableError`.
     * ``digits``: scikit-learn's bundled digits, split 80/20 (stratified,
       ``random_state=0``).
     """
@@ -205,17 +216,21 @@ def _build_cifar(name: str, root: Path, path: Path, download: bool) -> dict[str,
     from torchvision import datasets as tvd
 
     cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
+    archive = root / cls.filename
+    by_hand = (f"put {cls.filename} (from {cls.url}) in '{root}' and run again: it is checked and unpacked "
+               f"there, and nothing is fetched (add --data.download false to never try the network)")
     out: dict[str, np.ndarray] = {}
     for split, train in (("train", True), ("test", False)):
-        try:
-            ds = cls(root=str(root), train=train, download=download)
-        except RuntimeError as e:
-            if download:
-                raise
-            raise FileNotFoundError(
-                f"{name} not found under root '{root}' (and no cache at '{path}'); "
-                "set `download: true` to download it there"
-            ) from e
+        try:  # an archive put in root by hand: torchvision checks its md5 and unpacks it, fetching nothing
+            ds = cls(root=str(root), train=train, download=download or archive.is_file())
+        except (OSError, RuntimeError) as e:
+            if not (download or archive.is_file()):
+                raise DataUnavailableError(
+                    f"{name} not found under '{root}' (no '{root / cls.base_folder}', no cache '{path}'): "
+                    f"set --data.download true to fetch it there, or {by_hand}") from None
+            raise DataUnavailableError(
+                f"could not get {name}: fetching {cls.url} into '{root}' failed "
+                f"({type(e).__name__}: {e}). Without internet: {by_hand}") from None
         out[f"x_{split}"] = np.ascontiguousarray(ds.data, dtype=np.uint8)
         out[f"y_{split}"] = np.asarray(ds.targets, dtype=np.int64)
         out["classes"] = np.asarray(list(ds.classes), dtype=str)
@@ -244,9 +259,9 @@ def _decode_all(files: list[Path], size: int) -> np.ndarray:
 def _build_tinyimagenet(root: Path) -> dict[str, np.ndarray]:
     base = root / "tiny-imagenet-200"
     if not base.is_dir():
-        raise FileNotFoundError(
-            f"Tiny ImageNet folder not found: '{base}' (expected wnids.txt, train/, val/ inside; "
-            "it cannot be downloaded automatically)"
+        raise DataUnavailableError(
+            f"Tiny ImageNet folder not found: '{base}' (expected wnids.txt, train/, val/ inside). It is not "
+            f"downloaded automatically: fetch {TINYIMAGENET_URL} (about 240 MB) and unzip it in '{root}'"
         )
     wnids_file = base / "wnids.txt"
     if not wnids_file.is_file():

@@ -95,9 +95,14 @@ def read_split(path: str | Path, num_clients: Optional[int] = None, num_samples:
 
 
 def check_split(parts: Sequence[np.ndarray], num_samples: Optional[int], source: str) -> None:
-    """Raise ``ValueError`` (prefixed with ``source``) if an index is negative, not below ``num_samples``
-    (when given) or held twice, by one client or by two."""
+    """Raise ``ValueError`` (prefixed with ``source``) if a client holds no index, or an index is negative,
+    not below ``num_samples`` (when given) or held twice, by one client or by two."""
     sizes = [len(p) for p in parts]
+    empty = [k for k, size in enumerate(sizes) if size == 0]
+    if empty:
+        more = f" (and {len(empty) - 1} more: {', '.join(map(str, empty[1:6]))}{' ...' * (len(empty) > 6)})"
+        raise ValueError(f"{source}: client {empty[0]} holds no samples{more * (len(empty) > 1)}; "
+                         "every client needs at least one")
     flat = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]) if parts else np.zeros(0, np.int64)
     owner = np.repeat(np.arange(len(parts)), sizes)
     outside = flat < 0

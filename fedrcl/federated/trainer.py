@@ -5,29 +5,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
-from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from fedrcl.federated.federation import Federation
+from fedrcl.federated.progress import round_progress
 from fedrcl.server import ServerOptimizer
 
 # Trainer arguments the federation sets itself, with Lightning's defaults (anything else is an error).
 _OWNED = {"max_epochs": None, "min_epochs": None, "max_steps": -1, "check_val_every_n_epoch": 1,
           "reload_dataloaders_every_n_epochs": 0, "num_sanity_val_steps": None,
           "gradient_clip_val": None}
-
-
-class RoundProgressBar(TQDMProgressBar):
-    """Lightning's progress bar, labelled by round (and never by Lightning's 0-based epoch)."""
-
-    def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
-        if self._leave:
-            self.train_progress_bar = self.init_train_tqdm()
-        bar = self.train_progress_bar
-        # Label first, then reset: reset() draws the bar, which in a log file is a line of its own.
-        bar.set_description(f"Round {trainer.current_epoch + 1}/{trainer.max_epochs}", refresh=False)
-        bar.reset(total=convert_inf(self.total_train_batches))
 
 
 class RoundCheckpoint(ModelCheckpoint):
@@ -100,7 +88,7 @@ class FederatedTrainer(L.Trainer):
                                              every_n_epochs=checkpoint_every, save_top_k=-1, save_last=True))
         if kwargs.get("enable_progress_bar", True) is not False and not any(
                 isinstance(c, ProgressBar) for c in callbacks):
-            callbacks.append(RoundProgressBar())
+            callbacks.append(round_progress())
         if kwargs.get("logger") in (None, True):
             kwargs["logger"] = TensorBoardLogger(save_dir=kwargs.get("default_root_dir") or "runs", name="fedrcl")
         super().__init__(

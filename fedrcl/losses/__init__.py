@@ -1,0 +1,35 @@
+"""Pure loss functions (no state), one formula per module; client algorithms call them by name.
+
+- ``relaxed_contrastive``: FedRCL's loss (``relaxed_contrastive_loss``) and its per-level parts.
+- ``info_nce``: FedCL's two-view InfoNCE. ``model_contrastive``: MOON. ``prototype_contrastive``: FedProc.
+- ``proximal``: FedProx / FedACG's squared distance. ``decorrelation``: FedDecorr.
+- ``not_true_distillation``: FedNTD. ``feature_distillation``: FitNet. ``branch_distillation``: FedMLB.
+- ``logit_calibration``: FedLC.
+"""
+from fedrcl.losses.branch_distillation import hybrid_branch_losses
+from fedrcl.losses.decorrelation import decorrelation_loss
+from fedrcl.losses.feature_distillation import hint_losses
+from fedrcl.losses.info_nce import info_nce
+from fedrcl.losses.logit_calibration import calibrated_cross_entropy, calibration_offsets
+from fedrcl.losses.model_contrastive import model_contrastive_loss
+from fedrcl.losses.not_true_distillation import not_true_distillation, not_true_logits
+from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
+from fedrcl.losses.proximal import squared_distance
+from fedrcl.losses.relaxed_contrastive import relaxed_contrastive_loss, relaxed_contrastive_terms
+
+__all__ = [
+    "calibrated_cross_entropy",
+    "calibration_offsets",
+    "class_feature_sums",
+    "decorrelation_loss",
+    "hint_losses",
+    "hybrid_branch_losses",
+    "info_nce",
+    "model_contrastive_loss",
+    "not_true_distillation",
+    "not_true_logits",
+    "prototype_contrastive_loss",
+    "relaxed_contrastive_loss",
+    "relaxed_contrastive_terms",
+    "squared_distance",
+]
