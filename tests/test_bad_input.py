@@ -96,3 +96,69 @@ def test_resume_with_another_split_file_is_refused(data_root, tmp_path):
     with pytest.raises(ValueError, match="data.partition_file was None there"):
         run_cli(data_root, tmp_path / "other", "--data.partition_file", str(log_dir / "split.json"),
                 "--ckpt_path", str(log_dir / "checkpoints" / "last.ckpt"), rounds=2)
+
+
+def test_yaml_error_names_the_file_and_the_line(data_root, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  rounds: 2\n   local_epochs: [\n")
+    with pytest.raises(SystemExit):
+        run_cli(data_root, tmp_path, "--config", str(bad))
+    err = capsys.readouterr().err
+    assert f"{bad}: not valid YAML (line 3, column" in err
+
+
+def test_empty_client_in_a_split_file_is_named(data_root, tmp_path):
+    from fedrcl.data.split_file import write_split
+
+    path = write_split(tmp_path / "split.json", [[0, 1, 2], [], [3, 4]], "digits")
+    with pytest.raises(ValueError, match=r"split.json: client 1 holds no samples") as info:
+        FederatedDataModule(dataset="digits", root=str(data_root), num_clients=3, partition_file=str(path))
+    assert "batch_size" not in str(info.value)
+
+
+def test_offline_download_says_what_to_do_in_a_few_lines(tmp_path, monkeypatch, capsys):
+    """``configs/cifar100_a005.yaml`` without internet: what was fetched, where to put it, no traceback."""
+    import urllib.error
+    import urllib.request
+
+    from conftest import REPO
+    from fedrcl.cli import main
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    root = tmp_path / "data"
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", str(REPO / "configs" / "cifar100_a005.yaml"), "--data.root", str(root),
+              "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.accelerator", "cpu",
+              "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+    for needed in ("https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "Temporary failure",
+                   "put cifar-100-python.tar.gz", f"in '{root}'", "--data.download false"):
+        assert needed in err, needed
+
+
+def test_tinyimagenet_error_says_where_the_archive_comes_from(tmp_path):
+    from fedrcl.data.datasets import DataUnavailableError, load_dataset
+
+    with pytest.raises(DataUnavailableError, match=r"http://cs231n.stanford.edu/tiny-imagenet-200.zip") as info:
+        load_dataset("tinyimagenet", tmp_path)
+    assert str(tmp_path / "tiny-imagenet-200") in str(info.value)
+
+
+@pytest.mark.parametrize("args", [["--trainer.round", "5"], ["--trainer.round=5"], ["--data.num_client", "5"],
+                                  ["--data.batch", "8"]])
+def test_abbreviated_keys_are_errors(data_root, tmp_path, capsys, args):
+    """argparse would take ``--trainer.round`` for ``--trainer.rounds``: here it is an unknown key."""
+    with pytest.raises(SystemExit):
+        run_cli(data_root, tmp_path, *args)
+    assert f"unrecognized arguments: {args[0]}" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.ckpt"))  # nothing trained
+
+
+def test_torch_threads_must_be_positive(data_root, tmp_path):
+    with pytest.raises(ValueError, match="torch_threads must be >= 1 or null, got 0"):
+        run_cli(data_root, tmp_path, "--torch_threads", "0")

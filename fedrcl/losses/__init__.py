@@ -2,7 +2,7 @@
 
 - ``relaxed_contrastive``: FedRCL's loss (``relaxed_contrastive_loss``) and its per-level parts.
 - ``info_nce``: FedCL's two-view InfoNCE. ``model_contrastive``: MOON. ``prototype_contrastive``: FedProc.
-- ``proximal``: FedProx / FedACG's squared distance. ``decorrelation``: FedDecorr.
+- ``proximal``: FedProx's squared distance. ``decorrelation``: FedDecorr.
 - ``not_true_distillation``: FedNTD. ``feature_distillation``: FitNet. ``branch_distillation``: FedMLB.
 - ``logit_calibration``: FedLC.
 """
