@@ -131,7 +131,7 @@ def _log_apart(trainer: Namespace, subcommand: str) -> None:
     for logger in trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]:
         init_args = logger.get("init_args") if isinstance(logger, Namespace) else None
         if init_args is not None and "name" in init_args:
-            init_args.name = f"{init_args.name or 'lightning_logs'}/{subcommand}"
+            init_args.name = f"{init_args.name}/{subcommand}" if init_args.name else subcommand
 
 
 def build_cli(args: list[str] | None = None) -> FedRCLCLI:
