@@ -8,9 +8,9 @@
     fedrcl report runs          # our runs beside the paper's tables (fedrcl.report)
 
 Keys are never abbreviated (``--trainer.round`` is an error, not ``--trainer.rounds``). ``validate`` and
-``test`` log under ``<save_dir>/<name>/<subcommand>/version_k`` with ``<subcommand>_config.yaml``, so they
-never join the training curves of ``<save_dir>/<name>/version_k`` (``fedrcl.analysis.load_scalars``,
-``fedrcl report``). ``torch_threads`` sets torch's CPU thread count (``configs/quickstart.yaml``: 1).
+``test`` log to ``<save_dir>/<name>/<subcommand>_k``, beside the fit run's ``version_k`` folders, so they
+never join its training curves (``fedrcl.analysis.load_scalars``, the notebooks, ``fedrcl report``).
+``torch_threads`` sets torch's CPU thread count (``configs/quickstart.yaml``: 1).
 """
 from __future__ import annotations
 
@@ -118,27 +118,30 @@ class FedRCLCLI(LightningCLI):
             torch.set_num_threads(config.torch_threads)
         if self.subcommand in EVALUATIONS:
             _log_apart(config.trainer, self.subcommand)
-            self.save_config_kwargs = {**self.save_config_kwargs,
-                                       "config_filename": f"{self.subcommand}_config.yaml"}
 
 
 def _log_apart(trainer: Namespace, subcommand: str) -> None:
-    """Point the run's file loggers at ``<name>/<subcommand>`` (so ``runs/quickstart/validate/version_0``)."""
+    """Point the run's file loggers at ``<save_dir>/<name>/<subcommand>_k`` (``runs/quickstart/validate_0``):
+    beside the fit run's ``version_k`` folders, never one of them, so ``--ckpt_path last`` still finds the
+    run's checkpoints while its curves, run list and report stay as the fit wrote them."""
     if trainer.logger in (None, True):  # FederatedTrainer's default logger, made explicit
         trainer.logger = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
                                    init_args=Namespace(save_dir=trainer.get("default_root_dir") or "runs",
-                                                       name="fedrcl"))
+                                                       name="fedrcl", version=None))
     for logger in trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]:
-        init_args = logger.get("init_args") if isinstance(logger, Namespace) else None
-        if init_args is not None and "name" in init_args:
-            init_args.name = f"{init_args.name}/{subcommand}" if init_args.name else subcommand
+        args = logger.get("init_args") if isinstance(logger, Namespace) else None
+        if args is None or not {"save_dir", "name", "version"} <= set(vars(args)) or args.version is not None:
+            continue
+        run_dir = Path(args.save_dir or ".") / (args.name or "")
+        taken = [p.name.removeprefix(f"{subcommand}_") for p in run_dir.glob(f"{subcommand}_*")]
+        args.version = f"{subcommand}_{max((int(k) + 1 for k in taken if k.isdigit()), default=0)}"
 
 
 def build_cli(args: list[str] | None = None) -> FedRCLCLI:
     """Parse ``args`` (default: the command line), then run the subcommand; returns the CLI object."""
     return FedRCLCLI(FedAvg, FederatedDataModule, trainer_class=FederatedTrainer, subclass_mode_model=True,
                      parser_class=FedRCLParser, seed_everything_default=0,
-                     parser_kwargs={"description": "FedRCL and its baselines: federated learning on Lightning."},
+                     parser_kwargs={"description": "FedRCL and its baselines: federated learning runs."},
                      save_config_kwargs={"overwrite": True}, args=args)
 
 

@@ -144,8 +144,9 @@ def test_offline_download_says_what_to_do_in_a_few_lines(tmp_path, monkeypatch, 
 def test_tinyimagenet_error_says_where_the_archive_comes_from(tmp_path):
     from fedrcl.data.datasets import DataUnavailableError, load_dataset
 
-    with pytest.raises(DataUnavailableError, match=r"http://cs231n.stanford.edu/tiny-imagenet-200.zip") as info:
+    with pytest.raises(DataUnavailableError) as info:
         load_dataset("tinyimagenet", tmp_path)
+    assert "http://cs231n.stanford.edu/tiny-imagenet-200.zip" in str(info.value)
     assert str(tmp_path / "tiny-imagenet-200") in str(info.value)
 
 

@@ -34,8 +34,7 @@ def test_evaluation_keeps_the_run_and_its_ema(data_root, fit_run, subcommand):
         pytest.approx(before["val/acc"][1][-1])
     # Logged beside the run, never as one of its versions: its curves, runs and report are unchanged.
     eval_dir = Path(evaluated.trainer.log_dir)
-    assert eval_dir == run / subcommand / "version_0"
-    assert (eval_dir / f"{subcommand}_config.yaml").is_file() and not (eval_dir / "config.yaml").exists()
+    assert eval_dir == run / f"{subcommand}_0" and (eval_dir / "config.yaml").is_file()
     assert sorted(p.name for p in run.glob("version_*")) == ["version_0"]
     after = load_scalars(run)
     assert after.keys() == before.keys()
@@ -45,7 +44,27 @@ def test_evaluation_keeps_the_run_and_its_ema(data_root, fit_run, subcommand):
     assert [r.path for r in collect_runs(save_dir)] == [run]
 
 
+def test_validate_last_finds_the_fit_runs_checkpoint(data_root, fit_run):
+    save_dir, log_dir = fit_run
+    saved_ema = torch.load(log_dir / "checkpoints" / "last.ckpt", weights_only=True)["acc_ema"]
+    evaluated = run_cli(data_root, save_dir, "--ckpt_path", "last", subcommand="validate")
+    assert evaluated.trainer.callback_metrics["val/acc_ema"].item() == pytest.approx(saved_ema, abs=1e-7)
+    assert Path(evaluated.trainer.log_dir).parent == log_dir.parent
+    assert Path(evaluated.trainer.log_dir).name.startswith("validate_")
+
+
 def test_validate_without_a_checkpoint_reports_no_ema(data_root, tmp_path):
     evaluated = run_cli(data_root, tmp_path, subcommand="validate")
     assert "val/acc" in evaluated.trainer.callback_metrics
     assert "val/acc_ema" not in evaluated.trainer.callback_metrics
+
+
+def test_the_default_logger_also_logs_apart(tmp_path):
+    from jsonargparse import Namespace
+
+    from fedrcl.cli import _log_apart
+
+    (tmp_path / "fedrcl" / "test_0").mkdir(parents=True)
+    trainer = Namespace(logger=True, default_root_dir=str(tmp_path))
+    _log_apart(trainer, "test")
+    assert trainer.logger.init_args == Namespace(save_dir=str(tmp_path), name="fedrcl", version="test_1")

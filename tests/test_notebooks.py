@@ -27,7 +27,9 @@ def execute(name: str, clone: Path) -> nbformat.NotebookNode:
     for cell in nb.cells:
         assert cell.cell_type == "markdown" or (not cell.outputs and cell.execution_count is None), \
             f"{name}: outputs are not stripped"
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(folder)}}).execute()
+    client = NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(folder)}})
+    client.execute()
     return nb
 
 
