@@ -3,6 +3,8 @@
 A run is a folder ``<save_dir>/<name>`` written by Lightning's TensorBoardLogger, with one ``version_k``
 sub-folder per start; a run resumed with ``--ckpt_path last`` continues in a new version. A run's curve
 is the union of its versions' points, a later version's point replacing an earlier one at the same round.
+``fedrcl validate`` / ``test`` log beside them in ``<subcommand>_k`` folders, which are not versions: they
+never enter a run's curves.
 """
 from __future__ import annotations
 
