@@ -132,8 +132,7 @@ class FedAvg(L.LightningModule):
         acc = self.val_acc.compute().item()
         self.val_acc.reset()
         self.acc_ema = acc if self.acc_ema is None else self.ema_decay * self.acc_ema + (1 - self.ema_decay) * acc
-        self.log_dict({"val/acc": acc, "val/acc_ema": self.acc_ema, "step": float(self.current_epoch + 1)},
-                      prog_bar=True)
+        self.log_dict({"val/acc": acc, "val/acc_ema": self.acc_ema}, prog_bar=True)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.validation_step(batch, batch_idx)
