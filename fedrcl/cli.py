@@ -14,6 +14,7 @@ from lightning.pytorch.cli import LightningCLI
 from fedrcl.algorithms import FedAvg
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.datasets import dataset_info
+from fedrcl.federated.checkpoint import check_readable
 from fedrcl.federated.trainer import FederatedTrainer
 
 
@@ -36,6 +37,11 @@ class FedRCLCLI(LightningCLI):
         parser.link_arguments("data.dataset", "model.init_args.num_classes", compute_fn=_num_classes)
         parser.link_arguments("data.dataset", "model.init_args.in_channels", compute_fn=_in_channels)
         parser.link_arguments("data.dataset", "model.init_args.image_size", compute_fn=_image_size)
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")  # LightningCLI reads ckpt_path next: name a damaged file first
+        check_readable((self.config[subcommand] if subcommand else self.config).get("ckpt_path"))
 
 
 def build_cli(args: list[str] | None = None) -> FedRCLCLI:

@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from fedrcl.federated.divergence import all_finite
-from fedrcl.federated.fingerprint import allowed, compare
+from fedrcl.federated.fingerprint import allowed, compare, refused_changes
 
 
 def _is_local(path: Any) -> bool:
@@ -78,6 +78,12 @@ def read_checkpoint(path: Any, map_location: Any = "cpu", mmap: bool = False) ->
         if "weights only load failed" in str(error).lower():
             raise UnreadableCheckpoint(path, f"not loadable with weights_only=True ({first})") from error
         raise UnreadableCheckpoint(path, f"truncated or not a checkpoint ({size} bytes; {first})") from error
+
+
+def check_readable(path: Optional[str]) -> None:
+    """Raise ``UnreadableCheckpoint`` if ``path`` is a local checkpoint file that cannot be read."""
+    if path and _is_local(path) and os.path.isfile(path):
+        read_checkpoint(path, mmap=True)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -157,6 +163,17 @@ def why_not_resumable(checkpoint: Mapping[str, Any], fingerprint: Mapping[str, A
     if refused:
         return "other configuration: " + "; ".join(f"{k} {a!r} there, {b!r} here" for k, a, b in refused)
     return None
+
+
+def check_configuration(path: str, fingerprint: Mapping[str, Any], allow: tuple[str, ...] = ()) -> None:
+    """Raise ``ValueError`` naming each key where checkpoint ``path`` differs from this run (before any
+    weights are loaded into a model that may not even have their shapes)."""
+    if not _is_local(path) or not os.path.isfile(path):
+        return
+    saved = read_checkpoint(path, mmap=True).get("callbacks", {}).get("Federation", {}).get("fingerprint", {})
+    error = refused_changes(saved, fingerprint, allow)
+    if error:
+        raise ValueError(error)
 
 
 def find_resumable(trainer: L.Trainer, fingerprint: Mapping[str, Any], allow: tuple[str, ...] = ()) -> str:

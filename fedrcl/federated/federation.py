@@ -26,7 +26,7 @@ from torch import Tensor
 from fedrcl.federated.aggregation import WeightedSum
 from fedrcl.federated.context import ClientContext
 from fedrcl.federated.divergence import DivergenceError, all_finite, client_failure, divergence_message
-from fedrcl.federated.fingerprint import allowed, compare, run_fingerprint
+from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
 from fedrcl.federated.plan import RoundPlan
 from fedrcl.federated.sampling import sample_clients
 from fedrcl.server import FedAvg, ServerOptimizer
@@ -188,13 +188,11 @@ class Federation(L.Callback):
         keys an older checkpoint could not be checked on; record deliberate changes as a new segment."""
         if not self._fitting:
             return
-        differences, unchecked = compare(state_dict.get("fingerprint", {}), self._fingerprint)
-        refused = [d for d in differences if not allowed(d[0], self.allow_changes)]
-        if refused:
-            raise ValueError("checkpoint comes from another configuration: " + "; ".join(
-                f"{k} was {a!r} there and is {b!r} here" for k, a, b in refused)
-                + ". Resume with the checkpoint's settings, start a new run (no --ckpt_path), or list the keys "
-                  "in trainer.resume_allow_changes to continue with a deliberate change")
+        saved = state_dict.get("fingerprint", {})
+        error = refused_changes(saved, self._fingerprint, self.allow_changes)
+        if error:
+            raise ValueError(error)
+        differences, unchecked = compare(saved, self._fingerprint)
         if unchecked:
             rank_zero_info(f"Resume: the checkpoint predates these resume checks, not checked: {', '.join(unchecked)}")
         if state_dict["server"] and not isinstance(self.server, StatefulServer):

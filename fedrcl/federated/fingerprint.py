@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Optional
 
 import lightning as L
 from lightning.pytorch.cli import SaveConfigCallback
@@ -113,3 +113,14 @@ def compare(saved: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[list[
     differences = [(k, saved[k], v) for k, v in current.items() if k in saved and saved[k] != v]
     unchecked = sorted(set(saved) ^ set(current))
     return differences, unchecked
+
+
+def refused_changes(saved: Mapping[str, Any], current: Mapping[str, Any], allow: Iterable[str]) -> Optional[str]:
+    """The error a resume with ``current`` from a checkpoint with ``saved`` stops with (``None``: allowed)."""
+    refused = [(k, a, b) for k, a, b in compare(saved, current)[0] if not allowed(k, allow)]
+    if not refused:
+        return None
+    return ("checkpoint comes from another configuration: "
+            + "; ".join(f"{k} was {a!r} there and is {b!r} here" for k, a, b in refused)
+            + ". Resume with the checkpoint's settings, start a new run (no --ckpt_path), or list the keys in "
+              "trainer.resume_allow_changes to continue with a deliberate change")

@@ -8,7 +8,8 @@ from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from fedrcl.federated.checkpoint import RoundCheckpoint, find_resumable, with_atomic_checkpoint_io
+from fedrcl.federated.checkpoint import (RoundCheckpoint, check_configuration, find_resumable,
+                                         with_atomic_checkpoint_io)
 from fedrcl.federated.federation import Federation
 from fedrcl.federated.fingerprint import run_fingerprint
 from fedrcl.federated.round_axis import log_against_rounds
@@ -97,8 +98,10 @@ class FederatedTrainer(L.Trainer):
     def fit(self, model: L.LightningModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Optional[L.LightningDataModule] = None, ckpt_path: Optional[str] = None,
             weights_only: Optional[bool] = None) -> None:
-        """Lightning's ``fit``; ``ckpt_path="last"`` is ``fedrcl.federated.checkpoint.find_resumable``."""
-        if ckpt_path == "last":
-            fingerprint = run_fingerprint(self, model, datamodule)
-            ckpt_path = find_resumable(self, fingerprint, self.federation.allow_changes)
+        """Lightning's ``fit``; ``ckpt_path="last"`` is ``fedrcl.federated.checkpoint.find_resumable``, and a
+        checkpoint of another configuration is refused before anything is loaded."""
+        if ckpt_path is not None:
+            fingerprint, allow = run_fingerprint(self, model, datamodule), self.federation.allow_changes
+            ckpt_path = find_resumable(self, fingerprint, allow) if ckpt_path == "last" else ckpt_path
+            check_configuration(ckpt_path, fingerprint, allow)
         super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
