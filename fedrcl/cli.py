@@ -40,7 +40,8 @@ class FedRCLCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
-        subcommand = self.config.get("subcommand")  # LightningCLI reads ckpt_path next: name a damaged file first
+        # LightningCLI reads ckpt_path next (for hyperparameters): name an empty or truncated file first.
+        subcommand = self.config.get("subcommand")
         check_readable((self.config[subcommand] if subcommand else self.config).get("ckpt_path"))
 
 

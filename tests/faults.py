@@ -6,7 +6,8 @@ with SIGKILL (``kill``), or the write raises ``OSError(ENOSPC)`` (``enospc``). P
 ``os.sendfile`` (how ``shutil`` copies across filesystems) are both covered, so the fault hits whichever
 code writes the file: ours, Lightning's, or fsspec's.
 
-In a child process: ``FEDRCL_FAULT=kill:last.ckpt:2 python -c "import faults; faults.install_from_env(); ..."``.
+In a child process: ``FEDRCL_FAULT=kill:last.ckpt:2`` and ``python -c "import faults;
+faults.install_from_env(); ..."``.
 In-process: ``install(spec, monkeypatch)``.
 """
 from __future__ import annotations
@@ -72,7 +73,7 @@ def install(spec: str, monkeypatch: Optional[Any] = None) -> None:
 
     def sendfile(out_fd: int, in_fd: int, offset: Any, count: int) -> int:
         if out_fd in fault.fds:
-            real_sendfile(out_fd, in_fd, offset, max(1, count // 2))
+            real_sendfile(out_fd, in_fd, offset, max(1, os.fstat(in_fd).st_size // 2))
             os.fsync(out_fd)
             fault.hit()
         return real_sendfile(out_fd, in_fd, offset, count)

@@ -17,9 +17,8 @@ import pytest
 import torch
 
 from conftest import REPO, assert_same_state, run_cli
-from fedrcl.federated.checkpoint import UnreadableCheckpoint, read_checkpoint
 from fedrcl.federated.client_state import ClientStateStore
-from fedrcl.federated.divergence import DivergenceError
+from test_cli import load_ckpt as read_checkpoint
 
 FEDAVG = "fedrcl.algorithms.FedAvg"
 BOOT = "import sys, faults; faults.install_from_env(); from fedrcl.cli import main; main(sys.argv[1:])"
@@ -44,21 +43,21 @@ def checkpoints(run_dir: Path, version: int = 0) -> Path:
     return run_dir / "quickstart" / f"version_{version}" / "checkpoints"
 
 
-@pytest.fixture(params=["same_filesystem", "other_filesystem"])
-def run_dir(request, tmp_path):
-    """The run folder: under pytest's tmp (same filesystem as /tmp) or under /dev/shm (another one)."""
-    if request.param == "same_filesystem":
+@pytest.fixture
+def run_dir(tmp_path):
+    """The run folder, on another filesystem than the temp folder where there is one (/dev/shm): the case
+    where Lightning's writer, staging in /tmp, copies into place instead of renaming."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tempfile.gettempdir()).st_dev:
         yield tmp_path / "runs"
         return
-    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tempfile.gettempdir()).st_dev:
-        pytest.skip("no /dev/shm on a filesystem other than the temp folder's on this machine")
-    folder = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="fedrcl-test-"))
+    folder = Path(tempfile.mkdtemp(dir=shm, prefix="fedrcl-test-"))
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_kill_while_last_ckpt_is_written_leaves_a_resumable_run(data_root, tmp_path, run_dir):
-    """SIGKILL half-way through round 2's ``last.ckpt``: round 1's ``last.ckpt`` is intact, resume is exact."""
+    """SIGKILL half-way through round 2's ``last.ckpt``: round 1's is intact, and the resume is exact."""
     killed = fit_process(data_root, run_dir, *EVERY_ROUND, fault="kill:last.ckpt:2")
     assert killed.returncode == -9, killed.stderr[-2000:]
     folder = checkpoints(run_dir)
@@ -100,7 +99,8 @@ def test_divergence_stops_the_run_and_last_finds_the_good_checkpoint(data_root, 
     """Two good rounds, then a deliberate change to lr 1e8 without clipping: round 3 diverges."""
     run_cli(data_root, tmp_path, rounds=2, model=FEDAVG)
     diverged = fit_process(data_root, tmp_path, "--ckpt_path", "last", "--model.init_args.lr", "1e8",
-                           "--model.init_args.grad_clip_norm", "null", *EVERY_ROUND, "--trainer.resume_allow_changes",
+                           "--model.init_args.grad_clip_norm", "null", *EVERY_ROUND,
+                           "--trainer.resume_allow_changes",
                            "[model.init_args.lr, model.init_args.grad_clip_norm]", rounds=4)
     assert diverged.returncode != 0
     message = diverged.stderr.strip().splitlines()[-1]
@@ -111,9 +111,9 @@ def test_divergence_stops_the_run_and_last_finds_the_good_checkpoint(data_root, 
 
 
 def test_divergence_guard_names_round_and_client(data_root, tmp_path):
-    with pytest.raises(DivergenceError, match=r"round 1: client \d+ \(non-finite loss\)"):
-        run_cli(data_root, tmp_path, "--model.init_args.lr", "1e8", "--model.init_args.grad_clip_norm", "null",
-                rounds=2, model=FEDAVG)
+    with pytest.raises(RuntimeError, match=r"round 1: client \d+ \(non-finite loss\)"):
+        run_cli(data_root, tmp_path, "--model.init_args.lr", "1e8", "--model.init_args.grad_clip_norm",
+                "null", rounds=2, model=FEDAVG)
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
@@ -141,7 +141,7 @@ def test_an_explicit_damaged_checkpoint_is_named(data_root, tmp_path, damage, na
     ckpt = Path(cli.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(damage if damage is not None else ckpt.read_bytes()[:3000])
-    with pytest.raises(UnreadableCheckpoint, match=re.escape(f"checkpoint {bad} {named}")):
+    with pytest.raises(ValueError, match=re.escape(f"checkpoint {bad} {named}")):
         run_cli(data_root, tmp_path, "--ckpt_path", str(bad), rounds=2, model=FEDAVG)
 
 
@@ -167,8 +167,8 @@ FEDAVGM = ("--config", str(REPO / "configs/server/fedavgm.yaml"))
     (("--model.init_args.lr_decay", "0.99"), "model.init_args.lr_decay"),
     (("--trainer.local_epochs", "2"), "trainer.local_epochs was 1 there and is 2 here"),
     (("--trainer.clients_per_round", "4"), "trainer.clients_per_round was 3 there and is 4 here"),
-    (("--trainer.server.init_args.beta", "0.5"), "trainer.server.init_args.beta was 0.4 there and is 0.5 here"),
-    (("--model.init_args.backbone.init_args.conv_padding", "3"), "model.init_args.backbone.init_args.conv_padding"),
+    (("--trainer.server.init_args.beta", "0.5"), "trainer.server.init_args.beta was 0.4 there and is 0.5"),
+    (("--model.init_args.backbone.init_args.conv_padding", "3"), "backbone.init_args.conv_padding was 2"),
     (("--data.batch_size", "12"), "data.batch_size was 24 there and is 12 here"),
     (("--model", "fedrcl.algorithms.FedProx"), "model was 'FedAvg' there and is 'FedProx' here"),
 ])
@@ -201,13 +201,14 @@ def old_checkpoint(two_rounds: Path, tmp_path: Path) -> Path:
     ckpt = read_checkpoint(two_rounds)
     federation = ckpt["callbacks"]["Federation"]
     federation["fingerprint"] = {k: federation["fingerprint"][k] for k in OLD_KEYS}
-    del federation["segments"]
+    federation.pop("segments", None)
     path = tmp_path / "old.ckpt"
     torch.save(ckpt, path)
     return path
 
 
-def test_a_checkpoint_from_the_older_fingerprint_resumes_with_a_notice(data_root, tmp_path, two_rounds, caplog):
+def test_a_checkpoint_with_the_older_fingerprint_resumes_with_a_notice(data_root, tmp_path, two_rounds,
+                                                                        caplog):
     old = old_checkpoint(two_rounds, tmp_path)
     cli = run_cli(data_root, tmp_path, *FEDAVGM, "--ckpt_path", str(old), rounds=3, model=FEDAVG)
     assert cli.trainer.current_epoch == 3
@@ -218,7 +219,7 @@ def test_a_checkpoint_from_the_older_fingerprint_resumes_with_a_notice(data_root
 def test_an_older_fedavgm_checkpoint_into_fedavg_is_refused(data_root, tmp_path, two_rounds):
     """The older fingerprint has no server key: the server memory in the checkpoint gives it away."""
     old = old_checkpoint(two_rounds, tmp_path)
-    with pytest.raises(ValueError, match=r"server memory \(momentum\) that trainer.server FedAvg does not keep"):
+    with pytest.raises(ValueError, match=r"server memory \(momentum\) that trainer.server FedAvg does not"):
         run_cli(data_root, tmp_path, "--ckpt_path", str(old), rounds=3, model=FEDAVG)
 
 
@@ -235,7 +236,7 @@ def test_a_deliberate_change_is_allowed_recorded_and_logged(data_root, tmp_path,
 
 
 def test_an_unknown_allowed_key_is_an_error(data_root, tmp_path):
-    with pytest.raises(ValueError, match="trainer.resume_allow_changes: model.init_args.learning_rate is not"):
+    with pytest.raises(ValueError, match="resume_allow_changes: model.init_args.learning_rate is not"):
         run_cli(data_root, tmp_path, "--trainer.resume_allow_changes", "[model.init_args.learning_rate]",
                 rounds=1, model=FEDAVG)
 
@@ -250,7 +251,8 @@ def test_a_users_model_checkpoint_adds_files_and_resume_still_works(data_root, t
     assert "last.ckpt" in names and "round0001.ckpt" in names
     theirs = [n for n in names if n.startswith("epoch=")]
     assert len(theirs) == 1  # named by Lightning's real optimizer step, not by the round
-    assert theirs[0] == f"epoch=0-step={read_checkpoint(folder / theirs[0])['global_step']}.ckpt" != "epoch=0-step=1.ckpt"
+    step = read_checkpoint(folder / theirs[0])["global_step"]
+    assert theirs[0] == f"epoch=0-step={step}.ckpt" != "epoch=0-step=1.ckpt"
     assert "step" not in cli.trainer.callback_metrics
     resumed = run_cli(data_root, tmp_path, *mine, "--ckpt_path", "last", rounds=3, model=FEDAVG)
     assert Path(resumed.trainer.ckpt_path).parent == folder and resumed.trainer.current_epoch == 3
@@ -265,7 +267,7 @@ def test_store_deletes_a_file_only_when_no_checkpoint_refers_to_it(tmp_path):
     torch.save({"client_state": store.state_dict()}, ckpts / "round0000.ckpt")
     first = tmp_path / "state" / "client00000_round00000.safetensors"
     store.put(0, {"w": torch.ones(2)}, round_idx=1)
-    manifest = store.state_dict()  # the next checkpoint: while it is written, round0000.ckpt needs round 0's file
+    manifest = store.state_dict()  # the next checkpoint: while it is written, round0000.ckpt needs round 0
     assert first.exists()
     torch.save({"client_state": manifest}, ckpts / "round0001.ckpt")
     store.put(0, {"w": torch.full((2,), 2.0)}, round_idx=2)

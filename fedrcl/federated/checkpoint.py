@@ -38,7 +38,7 @@ def _is_local(path: Any) -> bool:
 
 
 def write_atomically(path: Path, write: Callable[[Any], None]) -> None:
-    """Write a file by ``write(file)`` into a temporary file in ``path``'s folder, fsync, rename into place."""
+    """Write ``path`` by ``write(file)`` into a temporary file in its folder, fsync, rename into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
@@ -89,7 +89,8 @@ def check_readable(path: Optional[str]) -> None:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` with atomic, durable local writes and finite weights only."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
+                        storage_options: Optional[Any] = None) -> None:
         if not _is_local(path):  # object stores: Lightning's own upload
             return super().save_checkpoint(checkpoint, path, storage_options)
         if storage_options is not None:
@@ -109,7 +110,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
-    """Trainer ``plugins`` plus ``AtomicCheckpointIO``, unless the user chose a ``CheckpointIO`` of their own."""
+    """Trainer ``plugins`` plus ``AtomicCheckpointIO``, unless the user chose a ``CheckpointIO`` of theirs."""
     from lightning.fabric.plugins import CheckpointIO
 
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
@@ -125,8 +126,9 @@ class RoundCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, every_n_rounds: int):
-        super().__init__(filename="round{epoch:04d}", auto_insert_metric_name=False, every_n_epochs=every_n_rounds,
-                         save_top_k=-1, save_last=True, save_on_train_epoch_end=True)
+        super().__init__(filename="round{epoch:04d}", auto_insert_metric_name=False,
+                         every_n_epochs=every_n_rounds, save_top_k=-1, save_last=True,
+                         save_on_train_epoch_end=True)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         done = trainer.current_epoch + 1
@@ -155,7 +157,8 @@ def why_not_resumable(checkpoint: Mapping[str, Any], fingerprint: Mapping[str, A
         return "holds weights only (no training state)"
     if not all_finite(checkpoint.get("state_dict", {}).values()):
         return "non-finite weights"
-    missing = [p for p in checkpoint.get("client_state", {}).get("files", {}).values() if not os.path.exists(p)]
+    files = checkpoint.get("client_state", {}).get("files", {}).values()
+    missing = [p for p in files if not os.path.exists(p)]
     if missing:
         return f"{len(missing)} client-state file(s) it refers to are gone, e.g. {missing[0]}"
     saved = checkpoint["callbacks"].get("Federation", {}).get("fingerprint", {})
@@ -184,24 +187,27 @@ def find_resumable(trainer: L.Trainer, fingerprint: Mapping[str, Any], allow: tu
             silently); the message names each file passed over and says how to start a new run.
     """
     where, paths = run_checkpoints(trainer)
-    found, skipped = [], []
+    loaded, skipped = [], []
     for path in paths:
         try:
-            checkpoint = read_checkpoint(path, mmap=True)
+            checkpoint = read_checkpoint(path, mmap=True)  # reads the structure, not the tensors yet
         except UnreadableCheckpoint as error:
             skipped.append(f"{path}: {error.reason}")
             continue
+        progress = (checkpoint.get("global_step", 0), checkpoint.get("epoch", 0), path.stat().st_mtime)
+        loaded.append((progress, str(path), checkpoint))
+    chosen = None
+    for _, path, checkpoint in sorted(loaded, key=lambda item: item[:2], reverse=True):  # newest first
         reason = why_not_resumable(checkpoint, fingerprint, allow)
         if reason is None:
-            found.append((checkpoint.get("global_step", 0), checkpoint.get("epoch", 0), path.stat().st_mtime, path))
-        else:
-            skipped.append(f"{path}: {reason}")
+            chosen = path
+            break
+        skipped.append(f"{path}: {reason}")
     for line in skipped:
         rank_zero_warn(f"--ckpt_path last: skipped {line}")
-    if not found:
+    if chosen is None:
         raise FileNotFoundError(
-            f"--ckpt_path last: nothing to resume under {where} ({len(paths)} checkpoint file(s), none usable). "
-            "To start a new run, leave out --ckpt_path.")
-    chosen = str(max(found)[-1])
+            f"--ckpt_path last: nothing to resume under {where} ({len(paths)} checkpoint file(s), none "
+            "usable). To start a new run, leave out --ckpt_path.")
     rank_zero_info(f"--ckpt_path last: resuming from {chosen}")
     return chosen

@@ -56,7 +56,7 @@ class ClientStateStore:
         self.max_in_memory = max_in_memory
         self.checkpoint_dirs = [Path(d) for d in checkpoint_dirs]
         self._files: dict[int, Path] = {}       # current version of each client
-        self._committed: set[Path] = set()      # versions some checkpoint took (kept while one refers to them)
+        self._committed: set[Path] = set()      # versions a checkpoint took (kept while one refers to them)
         self._cache: OrderedDict[int, dict[str, Tensor]] = OrderedDict()
         self.bytes_in_memory = 0
 
@@ -104,8 +104,8 @@ class ClientStateStore:
         return state
 
     def state_dict(self) -> dict[str, Any]:
-        """The manifest (client -> file) for a checkpoint about to be written: those files are kept from now on
-        while a checkpoint refers to them; older versions no checkpoint on disk refers to are deleted."""
+        """The manifest (client -> file) for a checkpoint about to be written: those files are kept from now
+        on while a checkpoint refers to them; older versions no checkpoint on disk refers to are deleted."""
         self._collect()
         self._committed.update(self._files.values())
         return {"files": {k: str(p) for k, p in self._files.items()}}
@@ -145,7 +145,8 @@ class ClientStateStore:
         for folder in self.checkpoint_dirs:
             for ckpt in folder.glob("*.ckpt"):
                 try:
-                    manifest = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)["client_state"]
+                    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+                    manifest = checkpoint["client_state"]
                 except Exception:  # noqa: BLE001 (unreadable or no manifest: it cannot resume, keeps nothing)
                     continue
                 referenced.update(Path(p) for p in manifest["files"].values())

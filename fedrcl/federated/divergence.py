@@ -25,7 +25,7 @@ def all_finite(tensors: Iterable[Tensor]) -> bool:
 
 
 def client_failure(loss_sum: Optional[Tensor], weights: Mapping[str, Tensor]) -> Optional[str]:
-    """What went wrong on a client that just finished ("non-finite loss", "non-finite weights") or ``None``."""
+    """What went wrong on a client that just finished: "non-finite loss", "non-finite weights" or ``None``."""
     if loss_sum is not None and not all_finite([loss_sum]):
         return "non-finite loss"
     if not all_finite(weights.values()):

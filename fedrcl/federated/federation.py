@@ -181,7 +181,8 @@ class Federation(L.Callback):
 
     # -- checkpoint ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"server": self.server.state_dict(), "fingerprint": self._fingerprint, "segments": self.segments}
+        return {"server": self.server.state_dict(), "fingerprint": self._fingerprint,
+                "segments": self.segments}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume: refuse a checkpoint whose fingerprint differs (except in ``allow_changes``); say which
@@ -194,11 +195,12 @@ class Federation(L.Callback):
             raise ValueError(error)
         differences, unchecked = compare(saved, self._fingerprint)
         if unchecked:
-            rank_zero_info(f"Resume: the checkpoint predates these resume checks, not checked: {', '.join(unchecked)}")
+            rank_zero_info("Resume: the checkpoint predates these resume checks, not checked: "
+                           + ", ".join(unchecked))
         if state_dict["server"] and not isinstance(self.server, StatefulServer):
             raise ValueError(f"checkpoint holds server memory ({', '.join(state_dict['server'])}) that "
-                             f"trainer.server {type(self.server).__name__} does not keep: it was written with "
-                             "another server optimizer")
+                             f"trainer.server {type(self.server).__name__} does not keep: it was written "
+                             "with another server optimizer")
         self.server.load_state_dict(state_dict["server"])
         self.segments = list(state_dict.get("segments", []))
         self._changes = {k: [a, b] for k, a, b in differences}

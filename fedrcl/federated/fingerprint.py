@@ -107,7 +107,8 @@ def allowed(key: str, allow: Iterable[str]) -> bool:
     return any(key == a or key.startswith(a + ".") for a in allow)
 
 
-def compare(saved: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[list[tuple[str, Any, Any]], list[str]]:
+def compare(saved: Mapping[str, Any],
+            current: Mapping[str, Any]) -> tuple[list[tuple[str, Any, Any]], list[str]]:
     """``(differences, unchecked)``: keys in both whose values differ, as ``(key, saved, current)``, and keys
     that only one side has (a checkpoint from an older fingerprint lacks the newer keys)."""
     differences = [(k, saved[k], v) for k, v in current.items() if k in saved and saved[k] != v]
@@ -115,12 +116,13 @@ def compare(saved: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[list[
     return differences, unchecked
 
 
-def refused_changes(saved: Mapping[str, Any], current: Mapping[str, Any], allow: Iterable[str]) -> Optional[str]:
+def refused_changes(saved: Mapping[str, Any], current: Mapping[str, Any],
+                    allow: Iterable[str]) -> Optional[str]:
     """The error a resume with ``current`` from a checkpoint with ``saved`` stops with (``None``: allowed)."""
     refused = [(k, a, b) for k, a, b in compare(saved, current)[0] if not allowed(k, allow)]
     if not refused:
         return None
     return ("checkpoint comes from another configuration: "
             + "; ".join(f"{k} was {a!r} there and is {b!r} here" for k, a, b in refused)
-            + ". Resume with the checkpoint's settings, start a new run (no --ckpt_path), or list the keys in "
-              "trainer.resume_allow_changes to continue with a deliberate change")
+            + ". Resume with the checkpoint's settings, start a new run (no --ckpt_path), or list the keys "
+              "in trainer.resume_allow_changes to continue with a deliberate change")
