@@ -28,6 +28,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from fedrcl.algorithms import FedAvg
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.datasets import DataUnavailableError, dataset_info
+from fedrcl.federated.checkpoint import check_readable
 from fedrcl.federated.trainer import FederatedTrainer
 
 # Subcommands that are not Trainer methods: name -> (module whose ``main(argv)`` runs it, one-line help).
@@ -109,6 +110,12 @@ class FedRCLCLI(LightningCLI):
         parser.link_arguments("data.dataset", "model.init_args.num_classes", compute_fn=_num_classes)
         parser.link_arguments("data.dataset", "model.init_args.in_channels", compute_fn=_in_channels)
         parser.link_arguments("data.dataset", "model.init_args.image_size", compute_fn=_image_size)
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads ckpt_path next (for hyperparameters): name an empty or truncated file first.
+        subcommand = self.config.get("subcommand")
+        check_readable((self.config[subcommand] if subcommand else self.config).get("ckpt_path"))
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

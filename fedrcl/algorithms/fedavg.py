@@ -135,7 +135,7 @@ class FedAvg(L.LightningModule):
             self.acc_ema = acc if self.acc_ema is None else \
                 self.ema_decay * self.acc_ema + (1 - self.ema_decay) * acc
         ema = {} if self.acc_ema is None else {"val/acc_ema": self.acc_ema}
-        self.log_dict({"val/acc": acc, **ema, "step": float(self.current_epoch + 1)}, prog_bar=True)
+        self.log_dict({"val/acc": acc, **ema}, prog_bar=True)
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.validation_step(batch, batch_idx)

@@ -61,7 +61,9 @@ class MOON(GlobalTeacherClient):
         if self.store is None:
             root = self.trainer.log_dir or self.trainer.default_root_dir
             directory = self.state_dir or Path(root) / "client_state"
-            self.store = ClientStateStore(directory, max_in_memory=self.max_states_in_memory)
+            checkpoints = [c.dirpath for c in self.trainer.checkpoint_callbacks if c.dirpath]
+            self.store = ClientStateStore(directory, max_in_memory=self.max_states_in_memory,
+                                          checkpoint_dirs=checkpoints)
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)

@@ -4,25 +4,27 @@ A federation with 500 clients cannot hold 500 ResNet-18s (45 MB each) in memory.
 keeps one safetensors file per client and version on disk, reads only the clients a round trains, and
 holds at most ``max_in_memory`` states in a CPU read cache (least recently used first out).
 
-Writes go straight to disk (write-through), so a crash never loses a state that a checkpoint refers to.
-Resume is exact because files are versioned by round: ``client00042_round00017.safetensors``. The store's
-``state_dict()`` (saved inside the Lightning checkpoint) is its *manifest*, client -> absolute file path;
-taking it marks those files as committed. A client's older version is deleted as soon as it is neither
-current nor committed, so each client has at most two files (the committed one and a newer one written
-since the last checkpoint). A resumed run loads the manifest from its checkpoint, reads each client's
-committed file wherever it lies (the interrupted run's folder is never written to or cleaned), and writes
-new versions into its own folder. Only the newest checkpoint of a run resumes exactly: files that older
-checkpoints refer to may have been cleaned up; reading one then fails with a clear error.
+Writes go straight to disk (write-through) and are atomic (temporary file, fsync, rename), so a crash never
+loses a state that a checkpoint refers to. Resume is exact because files are versioned by round:
+``client00042_round00017.safetensors``. The store's ``state_dict()`` (saved inside the Lightning checkpoint)
+is its *manifest*, client -> absolute file path. A file is deleted only when no checkpoint refers to it:
+a version superseded before any checkpoint took it goes at once; a version a checkpoint took is kept until
+no checkpoint file in ``checkpoint_dirs`` (the run's checkpoint folders) refers to it any more, checked
+when the next manifest is taken. So a kill while a checkpoint is written leaves the previous checkpoint
+with all its files, and every round checkpoint of the run stays resumable. A resumed run loads the manifest
+from its checkpoint, reads each client's file wherever it lies (the interrupted run's folder is never
+written to or cleaned), and writes new versions into its own folder.
 
-Cost: a state costs its tensors' bytes (ResNet-18, float32: 44.7 MB) once per client on disk (twice for
-clients trained since the last checkpoint), and at most ``max_in_memory`` of them in CPU memory.
+Cost: a state costs its tensors' bytes (ResNet-18, float32: 44.7 MB) on disk once per client and per kept
+checkpoint that saw a new version of it (plus the versions trained since the last checkpoint), and at most
+``max_in_memory`` of them in CPU memory. Deleting old round checkpoints frees their files at the next one.
 Single-process only: with several processes each would need its own manifest in the checkpoint.
 """
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -42,15 +44,19 @@ class ClientStateStore:
     Args:
         directory: folder of this run's files (created on first write).
         max_in_memory: most client states kept in the CPU cache (0: every read goes to disk).
+        checkpoint_dirs: folders of the run's checkpoints; a file a checkpoint took is deleted only once no
+            ``*.ckpt`` there refers to it (none given: such files are never deleted).
     """
 
-    def __init__(self, directory: Union[str, Path], max_in_memory: int = 8):
+    def __init__(self, directory: Union[str, Path], max_in_memory: int = 8,
+                 checkpoint_dirs: Iterable[Union[str, Path]] = ()):
         if max_in_memory < 0:
             raise ValueError(f"max_in_memory must be >= 0, got {max_in_memory}")
         self.directory = Path(directory).resolve()
         self.max_in_memory = max_in_memory
+        self.checkpoint_dirs = [Path(d) for d in checkpoint_dirs]
         self._files: dict[int, Path] = {}       # current version of each client
-        self._committed: dict[int, Path] = {}   # the version the last checkpoint refers to
+        self._committed: set[Path] = set()      # versions a checkpoint took (kept while one refers to them)
         self._cache: OrderedDict[int, dict[str, Tensor]] = OrderedDict()
         self.bytes_in_memory = 0
 
@@ -67,6 +73,8 @@ class ClientStateStore:
         path = self.directory / f"client{client_id:05d}_round{round_idx:05d}.safetensors"
         tmp = path.with_suffix(".tmp")
         save_file(cpu, str(tmp), metadata={"client_id": str(client_id), "round_idx": str(round_idx)})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic: a crash leaves the old version or the new one, never half a file
         old = self._files.get(client_id)
         self._files[client_id] = path
@@ -96,17 +104,16 @@ class ClientStateStore:
         return state
 
     def state_dict(self) -> dict[str, Any]:
-        """The manifest (client -> file); taking it commits those files (call it when checkpointing)."""
-        previous, self._committed = self._committed, dict(self._files)
-        for client_id, path in previous.items():
-            if self._files.get(client_id) != path:
-                self._discard(path)
+        """The manifest (client -> file) for a checkpoint about to be written: those files are kept from now
+        on while a checkpoint refers to them; older versions no checkpoint on disk refers to are deleted."""
+        self._collect()
+        self._committed.update(self._files.values())
         return {"files": {k: str(p) for k, p in self._files.items()}}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Read a manifest (resume): later reads follow it; later writes go to this store's directory."""
         self._files = {int(k): Path(p) for k, p in state_dict["files"].items()}
-        self._committed = dict(self._files)
+        self._committed = set(self._files.values())
         self._cache.clear()
         self.bytes_in_memory = 0
 
@@ -124,7 +131,25 @@ class ClientStateStore:
             self.bytes_in_memory -= state_nbytes(evicted)
 
     def _discard(self, path: Path) -> None:
-        """Delete a superseded version, unless a checkpoint needs it or another run's folder holds it."""
-        if path in self._committed.values() or path.parent != self.directory:
+        """Delete a superseded version, unless a checkpoint took it or another run's folder holds it."""
+        if path in self._committed or path.parent != self.directory:
             return
         path.unlink(missing_ok=True)
+
+    def _collect(self) -> None:
+        """Delete superseded versions a checkpoint took once no checkpoint file refers to them any more."""
+        stale = self._committed - set(self._files.values())
+        if not stale or not self.checkpoint_dirs:
+            return
+        referenced = set()
+        for folder in self.checkpoint_dirs:
+            for ckpt in folder.glob("*.ckpt"):
+                try:
+                    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+                    manifest = checkpoint["client_state"]
+                except Exception:  # noqa: BLE001 (unreadable or no manifest: it cannot resume, keeps nothing)
+                    continue
+                referenced.update(Path(p) for p in manifest["files"].values())
+        for path in stale - referenced:
+            self._committed.discard(path)
+            self._discard(path)

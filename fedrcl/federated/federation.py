@@ -15,17 +15,22 @@ meet in one all-reduce per tensor, so a multi-process strategy needs no other ch
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from fedrcl.federated.aggregation import WeightedSum
 from fedrcl.federated.context import ClientContext
+from fedrcl.federated.divergence import DivergenceError, all_finite, client_failure, divergence_message
+from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
 from fedrcl.federated.plan import RoundPlan
 from fedrcl.federated.sampling import sample_clients
 from fedrcl.server import FedAvg, ServerOptimizer
+from fedrcl.server.base import StatefulServer
 
 
 def load_state_(module: torch.nn.Module, state: dict[str, Tensor]) -> None:
@@ -49,10 +54,12 @@ class Federation(L.Callback):
         local_epochs: local epochs each client trains per round.
         server: the server optimizer.
         seed: seed of client sampling, batch order and augmentation.
+        allow_changes: fingerprint keys (or their parents) a resumed run may change (``fedrcl.federated.
+            fingerprint``); any other difference from the checkpoint stops the run.
     """
 
     def __init__(self, clients_per_round: Optional[int], participation: Optional[float], local_epochs: int,
-                 server: Optional[ServerOptimizer], seed: int):
+                 server: Optional[ServerOptimizer], seed: int, allow_changes: Sequence[str] = ()):
         if (clients_per_round is None) == (participation is None):
             raise ValueError("set exactly one of trainer.clients_per_round and trainer.participation")
         if participation is not None and not 0 < participation <= 1:
@@ -65,7 +72,11 @@ class Federation(L.Callback):
         self.local_epochs, self.seed = local_epochs, seed
         self.server = server if server is not None else FedAvg()
         self._plan: Optional[RoundPlan] = None
+        self.allow_changes = tuple(allow_changes)
         self._fingerprint: dict[str, Any] = {}
+        self._fitting = False
+        self.segments: list[dict[str, Any]] = []  # deliberate changes at resumes: round and changed keys
+        self._changes: dict[str, list[Any]] = {}
 
     # -- planning -----------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -78,12 +89,12 @@ class Federation(L.Callback):
         if stage == "fit" and self.clients_per_round > dm.num_clients:
             raise ValueError(f"trainer.clients_per_round={self.clients_per_round} exceeds "
                              f"data.num_clients={dm.num_clients}")
-        self._fingerprint = {
-            "data.dataset": dm.dataset, "data.num_clients": dm.num_clients, "data.partition": dm.partition,
-            "data.alpha": dm.alpha, "data.seed": dm.seed, "data.partition_file": dm.partition_file,
-            "model": type(pl_module).__name__,
-            "model.backbone": type(pl_module.backbone).__name__, "trainer.seed": self.seed,
-        }
+        self._fitting = stage == "fit"  # evaluating a checkpoint needs no resume check
+        self._fingerprint = run_fingerprint(trainer, pl_module, dm)
+        unknown = [a for a in self.allow_changes if not any(allowed(k, [a]) for k in self._fingerprint)]
+        if unknown:
+            raise ValueError(f"trainer.resume_allow_changes: {', '.join(unknown)} is not a key of the resume "
+                             f"check; its keys are: {', '.join(sorted(self._fingerprint))}")
 
     @property
     def clients_per_round(self) -> int:
@@ -111,6 +122,8 @@ class Federation(L.Callback):
         self._sent = self.server.broadcast(self._global)
         self._sum = WeightedSum(self._global)
         self._client: Optional[ClientContext] = None
+        self._failures: dict[int, str] = {}
+        self._loss_sum: Optional[Tensor] = None
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
@@ -131,33 +144,75 @@ class Federation(L.Callback):
                            batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
         slot = plan.locate(batch_idx)
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if isinstance(loss, torch.Tensor):  # summed on the device; checked once per client, below
+            loss = loss.detach()
+            self._loss_sum = loss if slot.step == 0 or self._loss_sum is None else self._loss_sum + loss
         if not slot.last_step_of_client:
             return
         pl_module.on_client_end(self._client)
-        self._sum.add(pl_module.backbone.state_dict(), weight=float(self._client.num_samples))
+        weights = pl_module.backbone.state_dict()
+        failure = client_failure(self._loss_sum, weights)
+        if failure is not None:
+            self._failures[self._client.client_id] = failure
+        self._loss_sum = None
+        self._sum.add(weights, weight=float(self._client.num_samples))
         if batch_idx == plan.total_steps - 1:
             self._finish_round(trainer, pl_module)
 
     def _finish_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        hint = "Lower model.init_args.lr or set model.init_args.grad_clip_norm; --ckpt_path last resumes " \
+               "from the last good checkpoint."
+        # Every process decides together, so that none waits in the all-reduce below for one that stopped.
+        if trainer.strategy.reduce_boolean_decision(bool(self._failures), all=False):
+            raise DivergenceError(divergence_message(trainer.current_epoch, self._failures, hint))
         reduce = None
         if trainer.world_size > 1:
             reduce = lambda t: trainer.strategy.reduce(t, reduce_op="sum")  # noqa: E731
         client_mean = self._sum.mean(reduce)
         new_global = self.server.step(self._global, self._sent, client_mean)
+        if not all_finite(new_global.values()):
+            raise DivergenceError(f"training diverged in round {trainer.current_epoch + 1}: the server step "
+                                  f"({type(self.server).__name__}) gave non-finite global weights. {hint}")
         load_state_(pl_module.backbone, new_global)
         self._global = self._sent = self._sum = None
         pl_module.log("time/round_seconds", time.perf_counter() - self._started, on_step=False, on_epoch=True)
         pl_module.log("train/lr", pl_module.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True)
-        pl_module.log("step", float(trainer.current_epoch + 1), on_step=False, on_epoch=True)
 
     # -- checkpoint ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"server": self.server.state_dict(), "fingerprint": self._fingerprint}
+        return {"server": self.server.state_dict(), "fingerprint": self._fingerprint,
+                "segments": self.segments}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume: refuse a checkpoint whose fingerprint differs (except in ``allow_changes``); say which
+        keys an older checkpoint could not be checked on; record deliberate changes as a new segment."""
+        if not self._fitting:
+            return
         saved = state_dict.get("fingerprint", {})
-        for key, value in self._fingerprint.items():
-            if key in saved and saved[key] != value:
-                raise ValueError(f"checkpoint comes from another configuration: {key} was {saved[key]!r} "
-                                 f"there and is {value!r} here")
+        error = refused_changes(saved, self._fingerprint, self.allow_changes)
+        if error:
+            raise ValueError(error)
+        differences, unchecked = compare(saved, self._fingerprint)
+        if unchecked:
+            rank_zero_info("Resume: the checkpoint predates these resume checks, not checked: "
+                           + ", ".join(unchecked))
+        if state_dict["server"] and not isinstance(self.server, StatefulServer):
+            raise ValueError(f"checkpoint holds server memory ({', '.join(state_dict['server'])}) that "
+                             f"trainer.server {type(self.server).__name__} does not keep: it was written "
+                             "with another server optimizer")
         self.server.load_state_dict(state_dict["server"])
+        self.segments = list(state_dict.get("segments", []))
+        self._changes = {k: [a, b] for k, a, b in differences}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """After a resume with deliberate changes: a new segment, in the checkpoint and the logged hparams."""
+        changes, self._changes = self._changes, {}
+        if not changes:
+            return
+        self.segments.append({"round": trainer.current_epoch, "changed": changes})
+        rank_zero_info(f"Resume: a new segment starts at round {trainer.current_epoch + 1} "
+                       "(trainer.resume_allow_changes): " + "; ".join(f"{k} {a!r} -> {b!r}"
+                                                                     for k, (a, b) in changes.items()))
+        for logger in trainer.loggers:
+            logger.log_hyperparams({"resume_segments": repr(self.segments)})

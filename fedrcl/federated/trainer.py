@@ -1,15 +1,18 @@
 """FederatedTrainer: Lightning's Trainer with rounds, clients and a server optimizer."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from fedrcl.federated.checkpoint import (RoundCheckpoint, check_configuration, find_resumable,
+                                         with_atomic_checkpoint_io)
 from fedrcl.federated.federation import Federation
+from fedrcl.federated.fingerprint import run_fingerprint
 from fedrcl.federated.progress import round_progress
+from fedrcl.federated.round_axis import log_against_rounds
 from fedrcl.server import ServerOptimizer
 
 # Trainer arguments the federation sets itself, with Lightning's defaults (anything else is an error).
@@ -18,28 +21,6 @@ _OWNED = {"max_epochs": None, "min_epochs": None, "max_steps": -1, "check_val_ev
           "gradient_clip_val": None}
 
 
-class RoundCheckpoint(ModelCheckpoint):
-    """Checkpoint every ``every_n_epochs`` rounds and after the last round; ``last.ckpt`` beside them.
-
-    ``--ckpt_path last`` finds the newest ``last.ckpt`` of any earlier version of the same run name, so a
-    resumed run writes a new version folder and never overwrites what the interrupted run wrote.
-    """
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        done = trainer.current_epoch + 1
-        if self._should_skip_saving_checkpoint(trainer):
-            return
-        if done % self._every_n_epochs == 0 or done == trainer.max_epochs:
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
-
-    def _find_last_checkpoints(self, trainer: L.Trainer) -> set[str]:
-        logger = trainer.logger
-        if logger is None or logger.save_dir is None:
-            return super()._find_last_checkpoints(trainer)
-        run_dir = Path(logger.save_dir) / (logger.name or "")
-        return {str(p) for p in run_dir.glob("version_*/checkpoints/last.ckpt")}
 
 
 class FederatedTrainer(L.Trainer):
@@ -59,6 +40,9 @@ class FederatedTrainer(L.Trainer):
         checkpoint_every: save a checkpoint every this many rounds (and after the last).
         seed: seed of client sampling, local batch order and augmentation (the client split has its own
             ``data.seed``; model initialisation follows ``seed_everything``).
+        resume_allow_changes: keys of the resume check (e.g. ``model.init_args.lr``, ``trainer.server``) that
+            ``--ckpt_path`` may find changed: the run continues with the new values as a new segment
+            (logged, and kept in the checkpoint). Any other difference from the checkpoint is an error.
     """
 
     def __init__(
@@ -71,6 +55,7 @@ class FederatedTrainer(L.Trainer):
         eval_every: int = 1,
         checkpoint_every: int = 50,
         seed: int = 0,
+        resume_allow_changes: Optional[list[str]] = None,
         **kwargs: Any,
     ):
         for key, default in _OWNED.items():
@@ -80,12 +65,12 @@ class FederatedTrainer(L.Trainer):
         for key, value in (("rounds", rounds), ("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
             if value < 1:
                 raise ValueError(f"trainer.{key} must be >= 1, got {value}")
-        self.federation = Federation(clients_per_round, participation, local_epochs, server, seed)
+        self.federation = Federation(clients_per_round, participation, local_epochs, server, seed,
+                                     allow_changes=resume_allow_changes or ())
         callbacks = list(kwargs.pop("callbacks", None) or [])
-        if kwargs.get("enable_checkpointing", True) is not False and not any(
-                isinstance(c, ModelCheckpoint) for c in callbacks):
-            callbacks.append(RoundCheckpoint(filename="round{epoch:04d}", auto_insert_metric_name=False,
-                                             every_n_epochs=checkpoint_every, save_top_k=-1, save_last=True))
+        if kwargs.get("enable_checkpointing", True) is not False:  # a user's ModelCheckpoint adds files
+            callbacks.append(RoundCheckpoint(checkpoint_every))
+        kwargs["plugins"] = with_atomic_checkpoint_io(kwargs.get("plugins"))
         if kwargs.get("enable_progress_bar", True) is not False and not any(
                 isinstance(c, ProgressBar) for c in callbacks):
             callbacks.append(round_progress())
@@ -94,7 +79,19 @@ class FederatedTrainer(L.Trainer):
         super().__init__(
             max_epochs=rounds, check_val_every_n_epoch=eval_every, num_sanity_val_steps=0,
             reload_dataloaders_every_n_epochs=1, callbacks=[self.federation, *callbacks], **kwargs)
+        log_against_rounds(self)
 
     @property
     def rounds(self) -> int:
         return self.max_epochs
+
+    def fit(self, model: L.LightningModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
+            datamodule: Optional[L.LightningDataModule] = None, ckpt_path: Optional[str] = None,
+            weights_only: Optional[bool] = None) -> None:
+        """Lightning's ``fit``; ``ckpt_path="last"`` is ``fedrcl.federated.checkpoint.find_resumable``, and a
+        checkpoint of another configuration is refused before anything is loaded."""
+        if ckpt_path is not None:
+            fingerprint, allow = run_fingerprint(self, model, datamodule), self.federation.allow_changes
+            ckpt_path = find_resumable(self, fingerprint, allow) if ckpt_path == "last" else ckpt_path
+            check_configuration(ckpt_path, fingerprint, allow)
+        super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)

@@ -1,0 +1,213 @@
+"""Round checkpoints: written atomically, never non-finite, and found again by ``--ckpt_path last``.
+
+- ``AtomicCheckpointIO`` (a Lightning ``CheckpointIO`` plugin, so every checkpoint callback goes through it,
+  a user's ``ModelCheckpoint`` included): a checkpoint is written to a temporary file in its own folder,
+  flushed to disk (``fsync``), renamed over the target (``os.replace``, atomic within a folder) and the
+  folder entry synced. A kill or a full disk at any moment leaves the old file or the new one, never a part
+  of one, also when the run folder lies on another filesystem than ``/tmp`` (Lightning's own writer stages in
+  ``/tmp`` and copies across). A checkpoint with non-finite weights is not written. Reading names an empty
+  or truncated file as such and uses ``torch.load(weights_only=True)``.
+- ``RoundCheckpoint``: Lightning's ``ModelCheckpoint`` every ``checkpoint_every`` rounds and after the last
+  round, with ``last.ckpt`` beside the round files. A user's own ``ModelCheckpoint`` adds files beside it.
+- ``find_resumable``: what ``--ckpt_path last`` means here: the newest checkpoint (by training progress)
+  among every ``*.ckpt`` in the run name's ``version_*/checkpoints`` folders that loads, holds finite
+  weights, refers to client-state files that exist and matches the configuration; each file passed over
+  is named with the reason. A resumed run writes a new version folder and never overwrites the old one.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from fedrcl.federated.divergence import all_finite
+from fedrcl.federated.fingerprint import allowed, compare, refused_changes
+
+
+def _is_local(path: Any) -> bool:
+    text = str(path)
+    return "://" not in text or text.startswith("file://")
+
+
+def write_atomically(path: Path, write: Callable[[Any], None]) -> None:
+    """Write ``path`` by ``write(file)`` into a temporary file in its folder, fsync, rename into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a power cut
+    finally:
+        os.close(folder)
+
+
+class UnreadableCheckpoint(ValueError):
+    """A checkpoint file that cannot be read: empty, truncated, or not loadable with ``weights_only=True``."""
+
+    def __init__(self, path: Any, reason: str):
+        super().__init__(f"checkpoint {path} is {reason}")
+        self.reason = reason
+
+
+def read_checkpoint(path: Any, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """``torch.load(path, weights_only=True)``; a file that cannot be read raises ``UnreadableCheckpoint``."""
+    size = os.path.getsize(path)
+    if size == 0:
+        raise UnreadableCheckpoint(path, "empty (0 bytes)")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as error:  # noqa: BLE001 (torch raises several types for a damaged file)
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        if "weights only load failed" in str(error).lower():
+            raise UnreadableCheckpoint(path, f"not loadable with weights_only=True ({first})") from error
+        raise UnreadableCheckpoint(path, f"truncated or not a checkpoint ({size} bytes; {first})") from error
+
+
+def check_readable(path: Optional[str]) -> None:
+    """Raise ``UnreadableCheckpoint`` if ``path`` is a local checkpoint file that cannot be read."""
+    if path and _is_local(path) and os.path.isfile(path):
+        read_checkpoint(path, mmap=True)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` with atomic, durable local writes and finite weights only."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
+                        storage_options: Optional[Any] = None) -> None:
+        if not _is_local(path):  # object stores: Lightning's own upload
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        if storage_options is not None:
+            raise TypeError(f"storage_options is not supported by {type(self).__name__}")
+        if not all_finite(checkpoint.get("state_dict", {}).values()):
+            rank_zero_warn(f"checkpoint {path} not written: the model's weights are not finite")
+            return
+        write_atomically(Path(str(path).removeprefix("file://")), lambda f: torch.save(checkpoint, f))
+
+    def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage,
+                        weights_only: Optional[bool] = None) -> dict[str, Any]:
+        if not _is_local(path):
+            return super().load_checkpoint(path, map_location, weights_only)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")
+        return read_checkpoint(path, map_location)
+
+
+def with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
+    """Trainer ``plugins`` plus ``AtomicCheckpointIO``, unless the user chose a ``CheckpointIO`` of theirs."""
+    from lightning.fabric.plugins import CheckpointIO
+
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
+
+
+class RoundCheckpoint(ModelCheckpoint):
+    """Checkpoint every ``every_n_epochs`` rounds and after the last round; ``last.ckpt`` beside them.
+
+    Files are named ``round{epoch:04d}.ckpt`` (Lightning's 0-based epoch: ``round0019`` holds 20 rounds).
+    """
+
+    def __init__(self, every_n_rounds: int):
+        super().__init__(filename="round{epoch:04d}", auto_insert_metric_name=False,
+                         every_n_epochs=every_n_rounds, save_top_k=-1, save_last=True,
+                         save_on_train_epoch_end=True)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        done = trainer.current_epoch + 1
+        if self._should_skip_saving_checkpoint(trainer):
+            return
+        if done % self._every_n_epochs == 0 or done == trainer.max_epochs:
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+
+
+def run_checkpoints(trainer: L.Trainer) -> tuple[str, list[Path]]:
+    """The run name's folder (for messages) and every ``*.ckpt`` in its versions' checkpoint folders."""
+    logger = trainer.logger
+    if logger is not None and logger.save_dir is not None:
+        run_dir = Path(logger.save_dir) / (logger.name or "")
+        return str(run_dir), sorted(run_dir.glob("version_*/checkpoints/*.ckpt"))
+    folder = Path(trainer.default_root_dir) / "checkpoints"
+    return str(folder), sorted(folder.glob("*.ckpt"))
+
+
+def why_not_resumable(checkpoint: Mapping[str, Any], fingerprint: Mapping[str, Any],
+                      allow: tuple[str, ...]) -> Optional[str]:
+    """Why a loaded checkpoint cannot resume this run (``None`` if it can)."""
+    if "loops" not in checkpoint or "callbacks" not in checkpoint:
+        return "holds weights only (no training state)"
+    if not all_finite(checkpoint.get("state_dict", {}).values()):
+        return "non-finite weights"
+    files = checkpoint.get("client_state", {}).get("files", {}).values()
+    missing = [p for p in files if not os.path.exists(p)]
+    if missing:
+        return f"{len(missing)} client-state file(s) it refers to are gone, e.g. {missing[0]}"
+    saved = checkpoint["callbacks"].get("Federation", {}).get("fingerprint", {})
+    refused = [(k, a, b) for k, a, b in compare(saved, fingerprint)[0] if not allowed(k, allow)]
+    if refused:
+        return "other configuration: " + "; ".join(f"{k} {a!r} there, {b!r} here" for k, a, b in refused)
+    return None
+
+
+def check_configuration(path: str, fingerprint: Mapping[str, Any], allow: tuple[str, ...] = ()) -> None:
+    """Raise ``ValueError`` naming each key where checkpoint ``path`` differs from this run (before any
+    weights are loaded into a model that may not even have their shapes)."""
+    if not _is_local(path) or not os.path.isfile(path):
+        return
+    saved = read_checkpoint(path, mmap=True).get("callbacks", {}).get("Federation", {}).get("fingerprint", {})
+    error = refused_changes(saved, fingerprint, allow)
+    if error:
+        raise ValueError(error)
+
+
+def find_resumable(trainer: L.Trainer, fingerprint: Mapping[str, Any], allow: tuple[str, ...] = ()) -> str:
+    """The checkpoint ``--ckpt_path last`` resumes from (see the module docstring).
+
+    Raises:
+        FileNotFoundError: no checkpoint can resume this run (the rule: fail, never start from scratch
+            silently); the message names each file passed over and says how to start a new run.
+    """
+    where, paths = run_checkpoints(trainer)
+    loaded, skipped = [], []
+    for path in paths:
+        try:
+            checkpoint = read_checkpoint(path, mmap=True)  # reads the structure, not the tensors yet
+        except UnreadableCheckpoint as error:
+            skipped.append(f"{path}: {error.reason}")
+            continue
+        progress = (checkpoint.get("global_step", 0), checkpoint.get("epoch", 0), path.stat().st_mtime)
+        loaded.append((progress, str(path), checkpoint))
+    chosen = None
+    for _, path, checkpoint in sorted(loaded, key=lambda item: item[:2], reverse=True):  # newest first
+        reason = why_not_resumable(checkpoint, fingerprint, allow)
+        if reason is None:
+            chosen = path
+            break
+        skipped.append(f"{path}: {reason}")
+    for line in skipped:
+        rank_zero_warn(f"--ckpt_path last: skipped {line}")
+    if chosen is None:
+        raise FileNotFoundError(
+            f"--ckpt_path last: nothing to resume under {where} ({len(paths)} checkpoint file(s), none "
+            "usable). To start a new run, leave out --ckpt_path.")
+    rank_zero_info(f"--ckpt_path last: resuming from {chosen}")
+    return chosen

@@ -1,0 +1,280 @@
+"""Nothing lost, nothing silent: kills, a full disk, divergence and configuration changes around checkpoints.
+
+The kill tests run ``fedrcl fit`` as a separate process that SIGKILLs itself half-way through writing a
+chosen checkpoint file (``tests/faults.py``); the resumed run must then equal a run that never stopped.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, assert_same_state, run_cli
+from fedrcl.federated.client_state import ClientStateStore
+from test_cli import load_ckpt as read_checkpoint
+
+FEDAVG = "fedrcl.algorithms.FedAvg"
+BOOT = "import sys, faults; faults.install_from_env(); from fedrcl.cli import main; main(sys.argv[1:])"
+EVERY_ROUND = ("--trainer.checkpoint_every", "1")
+
+
+def fit_process(data_root: Path, save_dir: Path, *extra: str, rounds: int = 3, model: str = FEDAVG,
+                fault: str = "") -> subprocess.CompletedProcess:
+    """``fedrcl fit`` on the shrunk quickstart (as ``run_cli``) in a child process, with an armed fault."""
+    args = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--model", model,
+            "--data.root", str(data_root), "--data.num_clients", "10", "--trainer.accelerator", "cpu",
+            "--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false", "--trainer.rounds", str(rounds),
+            "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3", *extra]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+           "OMP_NUM_THREADS": "1", "FEDRCL_FAULT": fault}
+    return subprocess.run([sys.executable, "-c", BOOT, *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def checkpoints(run_dir: Path, version: int = 0) -> Path:
+    return run_dir / "quickstart" / f"version_{version}" / "checkpoints"
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """The run folder, on another filesystem than the temp folder where there is one (/dev/shm): the case
+    where Lightning's writer, staging in /tmp, copies into place instead of renaming."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tempfile.gettempdir()).st_dev:
+        yield tmp_path / "runs"
+        return
+    folder = Path(tempfile.mkdtemp(dir=shm, prefix="fedrcl-test-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_kill_while_last_ckpt_is_written_leaves_a_resumable_run(data_root, tmp_path, run_dir):
+    """SIGKILL half-way through round 2's ``last.ckpt``: round 1's is intact, and the resume is exact."""
+    killed = fit_process(data_root, run_dir, *EVERY_ROUND, fault="kill:last.ckpt:2")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    folder = checkpoints(run_dir)
+    assert read_checkpoint(folder / "last.ckpt")["epoch"] == 0  # the previous, complete last.ckpt
+    resumed = run_cli(data_root, run_dir, *EVERY_ROUND, "--ckpt_path", "last", rounds=3, model=FEDAVG)
+    assert Path(resumed.trainer.ckpt_path) == folder / "round0001.ckpt"  # round 2, the newest complete one
+    full = run_cli(data_root, tmp_path / "full", rounds=3, model=FEDAVG)
+    assert_same_state(full.model.state_dict(), resumed.model.state_dict())
+
+
+def test_moon_killed_while_checkpointing_resumes_exactly(data_root, tmp_path, run_dir):
+    """SIGKILL while round 2's first checkpoint is written: round 1's ``last.ckpt`` and every client-state
+    file it refers to survive (client 9 trained in rounds 1 and 2, so its round-1 file is superseded)."""
+    extra = ("--config", str(REPO / "configs" / "methods" / "moon.yaml"), *EVERY_ROUND)
+    moon = "fedrcl.algorithms.MOON"
+    killed = fit_process(data_root, run_dir, *extra, model=moon, fault="kill:round0001.ckpt:1")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    resumed = run_cli(data_root, run_dir, *extra, "--ckpt_path", "last", rounds=3, model=moon)
+    assert Path(resumed.trainer.ckpt_path).name in ("last.ckpt", "round0000.ckpt")  # round 1
+    full = run_cli(data_root, tmp_path / "full", *extra, rounds=3, model=moon)
+    assert_same_state(full.model.state_dict(), resumed.model.state_dict())
+
+
+def test_disk_full_while_checkpointing_keeps_the_last_complete_checkpoint(data_root, tmp_path, monkeypatch):
+    import faults
+
+    with monkeypatch.context() as patch:
+        faults.install("enospc:last.ckpt:2", patch)
+        with pytest.raises(OSError, match="No space left"):
+            run_cli(data_root, tmp_path, *EVERY_ROUND, rounds=3, model=FEDAVG)
+    folder = checkpoints(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "round0000.ckpt", "round0001.ckpt"]
+    assert read_checkpoint(folder / "last.ckpt")["epoch"] == 0  # not truncated: the previous one
+    resumed = run_cli(data_root, tmp_path, *EVERY_ROUND, "--ckpt_path", "last", rounds=3, model=FEDAVG)
+    assert Path(resumed.trainer.ckpt_path).name == "round0001.ckpt"
+
+
+def test_divergence_stops_the_run_and_last_finds_the_good_checkpoint(data_root, tmp_path):
+    """Two good rounds, then a deliberate change to lr 1e8 without clipping: round 3 diverges."""
+    run_cli(data_root, tmp_path, rounds=2, model=FEDAVG)
+    diverged = fit_process(data_root, tmp_path, "--ckpt_path", "last", "--model.init_args.lr", "1e8",
+                           "--model.init_args.grad_clip_norm", "null", *EVERY_ROUND,
+                           "--trainer.resume_allow_changes",
+                           "[model.init_args.lr, model.init_args.grad_clip_norm]", rounds=4)
+    assert diverged.returncode != 0
+    message = diverged.stderr.strip().splitlines()[-1]
+    assert "DivergenceError: training diverged in round 3: client " in message, diverged.stderr[-2000:]
+    assert not list(checkpoints(tmp_path, 1).glob("*.ckpt"))  # nothing of the diverged run was written
+    resumed = run_cli(data_root, tmp_path, "--ckpt_path", "last", rounds=3, model=FEDAVG)
+    assert Path(resumed.trainer.ckpt_path) == checkpoints(tmp_path) / "last.ckpt"
+
+
+def test_divergence_guard_names_round_and_client(data_root, tmp_path):
+    with pytest.raises(RuntimeError, match=r"round 1: client \d+ \(non-finite loss\)"):
+        run_cli(data_root, tmp_path, "--model.init_args.lr", "1e8", "--model.init_args.grad_clip_norm",
+                "null", rounds=2, model=FEDAVG)
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_last_skips_damaged_and_non_finite_checkpoints_and_names_them(data_root, tmp_path):
+    run_cli(data_root, tmp_path, *EVERY_ROUND, rounds=3, model=FEDAVG)
+    folder = checkpoints(tmp_path)
+    newest = read_checkpoint(folder / "last.ckpt")
+    newest["global_step"] += 100
+    newest["state_dict"]["backbone.fc1.weight"][0, 0] = float("nan")
+    torch.save(newest, folder / "nan.ckpt")  # as main's code wrote after a divergence
+    (folder / "last.ckpt").write_bytes((folder / "last.ckpt").read_bytes()[:5000])
+    (folder / "round0002.ckpt").write_bytes(b"")
+    with pytest.warns(UserWarning) as warned:
+        resumed = run_cli(data_root, tmp_path, *EVERY_ROUND, "--ckpt_path", "last", rounds=3, model=FEDAVG)
+    assert Path(resumed.trainer.ckpt_path).name == "round0001.ckpt"
+    shown = "\n".join(str(w.message) for w in warned)
+    assert "nan.ckpt: non-finite weights" in shown
+    assert "last.ckpt: truncated or not a checkpoint" in shown
+    assert "round0002.ckpt: empty (0 bytes)" in shown
+
+
+@pytest.mark.parametrize("damage, named", [(b"", "is empty (0 bytes)"), (None, "is truncated")])
+def test_an_explicit_damaged_checkpoint_is_named(data_root, tmp_path, damage, named):
+    cli = run_cli(data_root, tmp_path, rounds=1, model=FEDAVG)
+    ckpt = Path(cli.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(damage if damage is not None else ckpt.read_bytes()[:3000])
+    with pytest.raises(ValueError, match=re.escape(f"checkpoint {bad} {named}")):
+        run_cli(data_root, tmp_path, "--ckpt_path", str(bad), rounds=2, model=FEDAVG)
+
+
+def test_last_with_nothing_to_resume_says_so(data_root, tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing to resume .* leave out --ckpt_path"):
+        run_cli(data_root, tmp_path, "--ckpt_path", "last", rounds=1, model=FEDAVG)
+
+
+# -- strict resume -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def two_rounds(data_root, tmp_path_factory) -> Path:
+    """A finished 2-round FedAvgM run (module-wide, read-only): its ``last.ckpt``."""
+    save_dir = tmp_path_factory.mktemp("two_rounds")
+    cli = run_cli(data_root, save_dir, "--config", str(REPO / "configs/server/fedavgm.yaml"), model=FEDAVG)
+    return Path(cli.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
+
+
+FEDAVGM = ("--config", str(REPO / "configs/server/fedavgm.yaml"))
+
+
+@pytest.mark.parametrize("change, key", [
+    (("--model.init_args.lr", "0.05"), "model.init_args.lr was 0.1 there and is 0.05 here"),
+    (("--model.init_args.lr_decay", "0.99"), "model.init_args.lr_decay"),
+    (("--trainer.local_epochs", "2"), "trainer.local_epochs was 1 there and is 2 here"),
+    (("--trainer.clients_per_round", "4"), "trainer.clients_per_round was 3 there and is 4 here"),
+    (("--trainer.server.init_args.beta", "0.5"), "trainer.server.init_args.beta was 0.4 there and is 0.5"),
+    (("--model.init_args.backbone.init_args.conv_padding", "3"), "backbone.init_args.conv_padding was 2"),
+    (("--data.batch_size", "12"), "data.batch_size was 24 there and is 12 here"),
+    (("--model", "fedrcl.algorithms.FedProx"), "model was 'FedAvg' there and is 'FedProx' here"),
+])
+def test_resume_with_another_setting_is_refused(data_root, tmp_path, two_rounds, change, key):
+    model = change[1] if change[0] == "--model" else FEDAVG
+    change = () if change[0] == "--model" else change
+    with pytest.raises(ValueError, match=f"another configuration: .*{key}"):
+        run_cli(data_root, tmp_path, *FEDAVGM, *change, "--ckpt_path", str(two_rounds), rounds=3, model=model)
+
+
+def test_fedavgm_checkpoint_into_fedavg_is_refused(data_root, tmp_path, two_rounds):
+    with pytest.raises(ValueError, match="trainer.server was 'FedAvgM' there and is 'FedAvg' here"):
+        run_cli(data_root, tmp_path, "--ckpt_path", str(two_rounds), rounds=3, model=FEDAVG)
+
+
+def test_last_passes_over_checkpoints_of_another_configuration(data_root, tmp_path, two_rounds):
+    shutil.copytree(two_rounds.parents[2], tmp_path / "quickstart")
+    with pytest.warns(UserWarning, match="other configuration: model.init_args.lr 0.1 there, 0.05 here"):
+        with pytest.raises(FileNotFoundError, match="nothing to resume"):
+            run_cli(data_root, tmp_path, *FEDAVGM, "--model.init_args.lr", "0.05", "--ckpt_path", "last",
+                    rounds=3, model=FEDAVG)
+
+
+OLD_KEYS = ("data.dataset", "data.num_clients", "data.partition", "data.alpha", "data.seed",
+            "data.partition_file", "model", "model.backbone", "trainer.seed")
+
+
+def old_checkpoint(two_rounds: Path, tmp_path: Path) -> Path:
+    """``two_rounds`` as main's code wrote it: the first fingerprint's nine keys, no segments."""
+    ckpt = read_checkpoint(two_rounds)
+    federation = ckpt["callbacks"]["Federation"]
+    federation["fingerprint"] = {k: federation["fingerprint"][k] for k in OLD_KEYS}
+    federation.pop("segments", None)
+    path = tmp_path / "old.ckpt"
+    torch.save(ckpt, path)
+    return path
+
+
+def test_a_checkpoint_with_the_older_fingerprint_resumes_with_a_notice(data_root, tmp_path, two_rounds,
+                                                                        caplog):
+    old = old_checkpoint(two_rounds, tmp_path)
+    cli = run_cli(data_root, tmp_path, *FEDAVGM, "--ckpt_path", str(old), rounds=3, model=FEDAVG)
+    assert cli.trainer.current_epoch == 3
+    notice = [r.getMessage() for r in caplog.records if "not checked" in r.getMessage()]
+    assert len(notice) == 1 and "model.init_args.lr" in notice[0] and "trainer.server" in notice[0]
+
+
+def test_an_older_fedavgm_checkpoint_into_fedavg_is_refused(data_root, tmp_path, two_rounds):
+    """The older fingerprint has no server key: the server memory in the checkpoint gives it away."""
+    old = old_checkpoint(two_rounds, tmp_path)
+    with pytest.raises(ValueError, match=r"server memory \(momentum\) that trainer.server FedAvg does not"):
+        run_cli(data_root, tmp_path, "--ckpt_path", str(old), rounds=3, model=FEDAVG)
+
+
+def test_a_deliberate_change_is_allowed_recorded_and_logged(data_root, tmp_path, two_rounds):
+    shutil.copytree(two_rounds.parents[2], tmp_path / "quickstart")
+    cli = run_cli(data_root, tmp_path, *FEDAVGM, "--model.init_args.lr", "0.05", "--ckpt_path", "last",
+                  "--trainer.resume_allow_changes", "[model.init_args.lr]", rounds=3, model=FEDAVG)
+    log_dir = Path(cli.trainer.logger.log_dir)
+    saved = read_checkpoint(log_dir / "checkpoints" / "last.ckpt")["callbacks"]["Federation"]
+    assert saved["segments"] == [{"round": 2, "changed": {"model.init_args.lr": [0.1, 0.05]}}]
+    assert saved["fingerprint"]["model.init_args.lr"] == 0.05
+    assert "resume_allow_changes:\n  - model.init_args.lr" in (log_dir / "config.yaml").read_text()
+    assert "model.init_args.lr" in cli.trainer.logger.hparams["resume_segments"]
+
+
+def test_an_unknown_allowed_key_is_an_error(data_root, tmp_path):
+    with pytest.raises(ValueError, match="resume_allow_changes: model.init_args.learning_rate is not"):
+        run_cli(data_root, tmp_path, "--trainer.resume_allow_changes", "[model.init_args.learning_rate]",
+                rounds=1, model=FEDAVG)
+
+
+# -- Lightning's ModelCheckpoint ---------------------------------------------------------------------------
+def test_a_users_model_checkpoint_adds_files_and_resume_still_works(data_root, tmp_path):
+    mine = ("--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+            "--trainer.callbacks.monitor=val/acc", "--trainer.callbacks.mode=max")
+    cli = run_cli(data_root, tmp_path, *mine, rounds=2, model=FEDAVG)
+    folder = Path(cli.trainer.logger.log_dir) / "checkpoints"
+    names = sorted(p.name for p in folder.iterdir())
+    assert "last.ckpt" in names and "round0001.ckpt" in names
+    theirs = [n for n in names if n.startswith("epoch=")]
+    assert len(theirs) == 1  # named by Lightning's real optimizer step, not by the round
+    step = read_checkpoint(folder / theirs[0])["global_step"]
+    assert theirs[0] == f"epoch=0-step={step}.ckpt" != "epoch=0-step=1.ckpt"
+    assert "step" not in cli.trainer.callback_metrics
+    resumed = run_cli(data_root, tmp_path, *mine, "--ckpt_path", "last", rounds=3, model=FEDAVG)
+    assert Path(resumed.trainer.ckpt_path).parent == folder and resumed.trainer.current_epoch == 3
+
+
+# -- client-state store ------------------------------------------------------------------------------------
+def test_store_deletes_a_file_only_when_no_checkpoint_refers_to_it(tmp_path):
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    store = ClientStateStore(tmp_path / "state", checkpoint_dirs=[ckpts])
+    store.put(0, {"w": torch.zeros(2)}, round_idx=0)
+    torch.save({"client_state": store.state_dict()}, ckpts / "round0000.ckpt")
+    first = tmp_path / "state" / "client00000_round00000.safetensors"
+    store.put(0, {"w": torch.ones(2)}, round_idx=1)
+    manifest = store.state_dict()  # the next checkpoint: while it is written, round0000.ckpt needs round 0
+    assert first.exists()
+    torch.save({"client_state": manifest}, ckpts / "round0001.ckpt")
+    store.put(0, {"w": torch.full((2,), 2.0)}, round_idx=2)
+    store.state_dict()
+    assert first.exists()  # round0000.ckpt still refers to it
+    (ckpts / "round0000.ckpt").unlink()
+    store.put(0, {"w": torch.full((2,), 3.0)}, round_idx=3)  # supersedes round 2's file: it was taken
+    store.state_dict()
+    assert not first.exists()  # no checkpoint refers to it any more
+    assert (tmp_path / "state" / "client00000_round00001.safetensors").exists()  # round0001.ckpt's
