@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from fedrcl.federated.context import ClientContext
+from fedrcl.federated.strategy import sum_over_processes
 from fedrcl.models.output import ModelOutput
 
 Backbone = Callable[[int, int, int], nn.Module]
@@ -122,7 +123,9 @@ class FedAvg(L.LightningModule):
         self._round_steps = 0
 
     def on_train_epoch_end(self) -> None:
-        self.log_dict({f"train/{k}": v / self._round_steps for k, v in self._round_loss_sums.items()})
+        # With several processes: sums and step counts of every process, so the mean is over all the round's steps.
+        sums, steps = sum_over_processes(self.trainer, self._round_loss_sums, self._round_steps)
+        self.log_dict({f"train/{k}": v / steps for k, v in sums.items()})
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch

@@ -14,7 +14,7 @@ temperature (our default ``temperature=1``), and a zero loss in the prototype-le
 
 Server side (``PrototypeServer``): after local training each client computes, on its own data and with its
 own final weights, the per-class sums of ``z`` (un-augmented images) and its per-class counts, and reports
-only these. The server adds the reports up; at the next round's start it divides sums by counts, which is
+only these. The server adds the reports up; at the round's end it divides sums by counts, which is
 the count-weighted mean of the clients' class means. It never sees an image or a label.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ from torch import Tensor
 from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.data.augment import to_normalized
 from fedrcl.federated.context import ClientContext
+from fedrcl.federated.strategy import process_sum
 from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
 from fedrcl.models.output import ModelOutput
 
@@ -98,12 +99,11 @@ class FedProc(FedAvg):
             return 0.0
         return max(0.0, 1.0 - round_idx / (self.anneal_rounds or self.trainer.max_epochs))
 
-    def on_train_epoch_start(self) -> None:
-        super().on_train_epoch_start()
-        reduce = None
-        if self.trainer.world_size > 1:
-            reduce = lambda t: self.trainer.strategy.reduce(t, reduce_op="sum")  # noqa: E731
-        self.prototype_server.finish_round(reduce)
+    def on_train_epoch_end(self) -> None:
+        # At the round's end, before the checkpoint: with several processes the reports are summed over all of
+        # them here, so a checkpoint (rank 0's) holds the finished prototypes, not one process's pending reports.
+        super().on_train_epoch_end()
+        self.prototype_server.finish_round(process_sum(self.trainer))
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)
@@ -135,3 +135,4 @@ class FedProc(FedAvg):
         super().on_load_checkpoint(checkpoint)
         if "prototype_server" in checkpoint:
             self.prototype_server.load_state_dict(checkpoint["prototype_server"])
+            self.prototype_server.finish_round()  # reports pending in a checkpoint of an older version

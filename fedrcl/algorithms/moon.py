@@ -14,7 +14,9 @@ client's next participation they are loaded into a second frozen copy. A client'
 no previous model: the term is 0 (the MOON code's first-round convention, applied to every first
 participation; with partial participation the MOON code would instead use the client's never-trained
 initialisation). The checkpoint holds the store's manifest (paths of the files), so a resumed run reads the
-interrupted run's files.
+interrupted run's files. With several processes, each writes the clients it trains and, after every
+round, learns the files the others wrote (``ClientStateStore.adopt``), since a client may train on another
+process next time.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from torch import Tensor
 from fedrcl.algorithms.global_teacher import GlobalTeacherClient
 from fedrcl.federated.client_state import ClientStateStore
 from fedrcl.federated.context import ClientContext
+from fedrcl.federated.strategy import gather_objects
 from fedrcl.federated.teacher import FrozenGlobalModel
 from fedrcl.losses.model_contrastive import model_contrastive_loss
 from fedrcl.models.output import ModelOutput
@@ -56,6 +59,7 @@ class MOON(GlobalTeacherClient):
         self.previous = FrozenGlobalModel()  # the client's previous local model
         self.has_previous = False
         self.store: Optional[ClientStateStore] = None
+        self._written: dict[int, str] = {}  # this round's files of this process's clients
 
     def setup(self, stage: str) -> None:
         if self.store is None:
@@ -73,7 +77,16 @@ class MOON(GlobalTeacherClient):
             self.previous.load_(self.backbone, previous)
 
     def on_client_end(self, client: ClientContext) -> None:
-        self.store.put(client.client_id, self.backbone.state_dict(), round_idx=client.round_idx)
+        path = self.store.put(client.client_id, self.backbone.state_dict(), round_idx=client.round_idx)
+        self._written[client.client_id] = str(path)
+
+    def on_train_epoch_end(self) -> None:
+        super().on_train_epoch_end()
+        if self.trainer.world_size > 1:  # before the checkpoint: every process's manifest covers every client
+            for rank, files in enumerate(gather_objects(self.trainer, self._written)):
+                if rank != self.trainer.global_rank:
+                    self.store.adopt(files)
+        self._written = {}
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)

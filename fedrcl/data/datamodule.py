@@ -231,17 +231,38 @@ class RoundBatches:
             yield from self.datamodule.client_batches(client_id, plan.round_idx, plan.local_epochs, seed)
 
 
+def eval_slices(num_samples: int, batch_size: int, rank: int = 0, world_size: int = 1) -> list[tuple[int, int]]:
+    """The ``(start, end)`` test-set batches that process ``rank`` of ``world_size`` evaluates.
+
+    The test set is cut into batches of ``batch_size`` as on one process, and each process takes a
+    near-equal contiguous run of them, so every sample is
+    evaluated once, in the same batch as on one process. With fewer batches than processes each process
+    takes one near-equal contiguous slice instead (then batch boundaries differ from one process).
+    """
+    if num_samples < world_size:
+        raise ValueError(f"the test set's {num_samples} samples cannot be split over {world_size} processes")
+    batches = [(start, min(start + batch_size, num_samples)) for start in range(0, num_samples, batch_size)]
+    if len(batches) < world_size:
+        return [(rank * num_samples // world_size, (rank + 1) * num_samples // world_size)]
+    return batches[rank * len(batches) // world_size:(rank + 1) * len(batches) // world_size]
+
+
 class EvalBatches:
-    """The whole test set in order, normalised, in chunks of ``eval_batch_size``."""
+    """The test set in order, normalised, in batches of ``eval_batch_size``; with several processes, this
+    process's share (``eval_slices``): metrics that sync over processes (torchmetrics) see every sample once."""
 
     def __init__(self, datamodule: FederatedDataModule):
         self.datamodule = datamodule
 
+    def _slices(self) -> list[tuple[int, int]]:
+        dm, trainer = self.datamodule, self.datamodule.trainer
+        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        return eval_slices(len(dm.y_test), dm.eval_batch_size, rank, world_size)
+
     def __len__(self) -> int:
-        return -(-len(self.datamodule.y_test) // self.datamodule.eval_batch_size)
+        return len(self._slices())
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         dm = self.datamodule
-        for start in range(0, len(dm.y_test), dm.eval_batch_size):
-            end = start + dm.eval_batch_size
+        for start, end in self._slices():
             yield augment_batch(dm.x_test[start:end], None, dm.info, train=False), dm.y_test[start:end]

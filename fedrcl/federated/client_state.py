@@ -18,7 +18,9 @@ written to or cleaned), and writes new versions into its own folder.
 Cost: a state costs its tensors' bytes (ResNet-18, float32: 44.7 MB) on disk once per client and per kept
 checkpoint that saw a new version of it (plus the versions trained since the last checkpoint), and at most
 ``max_in_memory`` of them in CPU memory. Deleting old round checkpoints frees their files at the next one.
-Single-process only: with several processes each would need its own manifest in the checkpoint.
+Several processes share one folder (a client may train on another process in each round): each writes
+the clients it trains and ``adopt``s what the others wrote (MOON exchanges that after every round), so every
+process holds the whole manifest, and the checkpoint that rank 0 writes covers every process's clients.
 """
 from __future__ import annotations
 
@@ -66,8 +68,9 @@ class ClientStateStore:
     def __len__(self) -> int:
         return len(self._files)
 
-    def put(self, client_id: int, state: Mapping[str, Tensor], round_idx: int) -> None:
-        """Store a copy of ``state`` (any device) as client ``client_id``'s state after round ``round_idx``."""
+    def put(self, client_id: int, state: Mapping[str, Tensor], round_idx: int) -> Path:
+        """Store a copy of ``state`` (any device) as client ``client_id``'s state after round ``round_idx``;
+        returns the file written."""
         cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"client{client_id:05d}_round{round_idx:05d}.safetensors"
@@ -81,6 +84,16 @@ class ClientStateStore:
         if old is not None and old != path:
             self._discard(old)
         self._remember(client_id, cpu)
+        return path
+
+    def adopt(self, files: Mapping[int, Union[str, Path]]) -> None:
+        """Follow versions that another process wrote (client -> file): later reads of those clients read
+        them (cached copies are dropped). The writer deletes the versions they supersede."""
+        for client_id, path in files.items():
+            self._files[int(client_id)] = Path(path)
+            dropped = self._cache.pop(int(client_id), None)
+            if dropped is not None:
+                self.bytes_in_memory -= state_nbytes(dropped)
 
     def get(self, client_id: int, device: Optional[torch.device] = None) -> Optional[dict[str, Tensor]]:
         """Client ``client_id``'s state (``None`` if it has none), on ``device`` (default CPU).

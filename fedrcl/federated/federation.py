@@ -9,8 +9,12 @@ client's last step call ``on_client_end`` and fold its weights into the running 
 model, before Lightning evaluates it and checkpoints it. Between rounds the model *is* the global model,
 so Lightning's checkpoint of the module holds the global weights.
 
-Clients of a round are split across processes by rank (``client_ids[rank::world_size]``) and their sums
-meet in one all-reduce per tensor, so a multi-process strategy needs no other change to this loop.
+With several processes (``fedrcl.federated.strategy.FederatedStrategy``, which ``FederatedTrainer`` picks
+for ``ddp`` or ``auto``) each process trains its share of the round's sampled clients
+(``sampled[rank::world_size]``, so processes may run different step counts) and nothing is synchronised
+per step; the clients' weighted sums meet in one all-reduce per tensor at the round's end, and every
+process runs the same server step on the same mean. Lightning's plain DDP cannot run this loop: it would
+average the gradients of different clients at every step, and hang when their step counts differ.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from fedrcl.federated.divergence import DivergenceError, all_finite, client_fail
 from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
 from fedrcl.federated.plan import RoundPlan
 from fedrcl.federated.sampling import sample_clients
+from fedrcl.federated.strategy import process_sum
 from fedrcl.server import FedAvg, ServerOptimizer
 from fedrcl.server.base import StatefulServer
 
@@ -89,6 +94,10 @@ class Federation(L.Callback):
         if stage == "fit" and self.clients_per_round > dm.num_clients:
             raise ValueError(f"trainer.clients_per_round={self.clients_per_round} exceeds "
                              f"data.num_clients={dm.num_clients}")
+        if stage == "fit" and self.clients_per_round < trainer.world_size:
+            raise ValueError(f"trainer.clients_per_round={self.clients_per_round} is smaller than the "
+                             f"{trainer.world_size} processes (devices x num_nodes): every process trains at "
+                             "least one client per round; lower trainer.devices or sample more clients")
         self._fitting = stage == "fit"  # evaluating a checkpoint needs no resume check
         self._fingerprint = run_fingerprint(trainer, pl_module, dm)
         unknown = [a for a in self.allow_changes if not any(allowed(k, [a]) for k in self._fingerprint)]
@@ -166,10 +175,7 @@ class Federation(L.Callback):
         # Every process decides together, so that none waits in the all-reduce below for one that stopped.
         if trainer.strategy.reduce_boolean_decision(bool(self._failures), all=False):
             raise DivergenceError(divergence_message(trainer.current_epoch, self._failures, hint))
-        reduce = None
-        if trainer.world_size > 1:
-            reduce = lambda t: trainer.strategy.reduce(t, reduce_op="sum")  # noqa: E731
-        client_mean = self._sum.mean(reduce)
+        client_mean = self._sum.mean(process_sum(trainer))
         new_global = self.server.step(self._global, self._sent, client_mean)
         if not all_finite(new_global.values()):
             raise DivergenceError(f"training diverged in round {trainer.current_epoch + 1}: the server step "

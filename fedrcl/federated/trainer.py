@@ -13,6 +13,7 @@ from fedrcl.federated.federation import Federation
 from fedrcl.federated.fingerprint import run_fingerprint
 from fedrcl.federated.progress import round_progress
 from fedrcl.federated.round_axis import log_against_rounds
+from fedrcl.federated.strategy import check_federated_strategy, federated_ddp_names
 from fedrcl.server import ServerOptimizer
 
 # Trainer arguments the federation sets itself, with Lightning's defaults (anything else is an error).
@@ -27,7 +28,9 @@ class FederatedTrainer(L.Trainer):
     """Lightning's Trainer where one epoch is one federated round.
 
     Every other Trainer argument (logger, callbacks, precision, accelerator, devices, ...) works as in
-    Lightning. The round loop itself lives in ``fedrcl.federated.federation.Federation``.
+    Lightning. The round loop itself lives in ``fedrcl.federated.federation.Federation``. With several
+    devices or nodes, ``strategy`` ``ddp`` or ``auto`` runs ``fedrcl.federated.strategy.FederatedStrategy``
+    (the round's clients split over processes, no gradient sync); other multi-process strategies are errors.
 
     Args:
         rounds: communication rounds (Lightning epochs).
@@ -76,9 +79,11 @@ class FederatedTrainer(L.Trainer):
             callbacks.append(round_progress())
         if kwargs.get("logger") in (None, True):
             kwargs["logger"] = TensorBoardLogger(save_dir=kwargs.get("default_root_dir") or "runs", name="fedrcl")
-        super().__init__(
-            max_epochs=rounds, check_val_every_n_epoch=eval_every, num_sanity_val_steps=0,
-            reload_dataloaders_every_n_epochs=1, callbacks=[self.federation, *callbacks], **kwargs)
+        with federated_ddp_names():  # several processes: clients split over them, no gradient sync
+            super().__init__(
+                max_epochs=rounds, check_val_every_n_epoch=eval_every, num_sanity_val_steps=0,
+                reload_dataloaders_every_n_epochs=1, callbacks=[self.federation, *callbacks], **kwargs)
+        check_federated_strategy(self.strategy)
         log_against_rounds(self)
 
     @property
