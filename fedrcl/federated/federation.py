@@ -14,6 +14,7 @@ meet in one all-reduce per tensor, so a multi-process strategy needs no other ch
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Optional
 
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor
 
 from fedrcl.federated.aggregation import WeightedSum
+from fedrcl.federated.batched import ClientBatching, StackedClients
 from fedrcl.federated.context import ClientContext
 from fedrcl.federated.plan import RoundPlan
 from fedrcl.federated.sampling import sample_clients
@@ -49,10 +51,11 @@ class Federation(L.Callback):
         local_epochs: local epochs each client trains per round.
         server: the server optimizer.
         seed: seed of client sampling, batch order and augmentation.
+        client_batching: train a round's clients together (``fedrcl.federated.batched``); default: off.
     """
 
     def __init__(self, clients_per_round: Optional[int], participation: Optional[float], local_epochs: int,
-                 server: Optional[ServerOptimizer], seed: int):
+                 server: Optional[ServerOptimizer], seed: int, client_batching: Optional[ClientBatching] = None):
         if (clients_per_round is None) == (participation is None):
             raise ValueError("set exactly one of trainer.clients_per_round and trainer.participation")
         if participation is not None and not 0 < participation <= 1:
@@ -66,6 +69,8 @@ class Federation(L.Callback):
         self.server = server if server is not None else FedAvg()
         self._plan: Optional[RoundPlan] = None
         self._fingerprint: dict[str, Any] = {}
+        self.batching = client_batching or ClientBatching("off")
+        self.stacked: Optional[StackedClients] = None  # the round's clients, while they train batched
 
     # -- planning -----------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -102,6 +107,8 @@ class Federation(L.Callback):
                 num_samples=tuple(dm.client_num_samples(k) for k in mine),
                 steps_per_epoch=tuple(dm.client_steps_per_epoch(k) for k in mine),
                 local_epochs=self.local_epochs)
+            batched = self.batching.applies(trainer.lightning_module, self._plan, dm, trainer.strategy.root_device)
+            self._plan = dataclasses.replace(self._plan, batched=batched)
         return self._plan
 
     # -- the round ----------------------------------------------------------------------------------------
@@ -115,7 +122,10 @@ class Federation(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
         slot = plan.locate(batch_idx)
-        if slot.step == 0:
+        if slot.step == 0 and plan.batched:
+            load_state_(pl_module.backbone, self._sent)
+            self.stacked = StackedClients(trainer, pl_module, plan, self._sent, self.seed, self.batching)
+        elif slot.step == 0:
             load_state_(pl_module.backbone, self._sent)
             self._client = ClientContext(
                 round_idx=plan.round_idx, client_id=slot.client_id,
@@ -133,8 +143,12 @@ class Federation(L.Callback):
         slot = plan.locate(batch_idx)
         if not slot.last_step_of_client:
             return
-        pl_module.on_client_end(self._client)
-        self._sum.add(pl_module.backbone.state_dict(), weight=float(self._client.num_samples))
+        if plan.batched:
+            self.stacked.finish(self._sum)
+            self.stacked = None
+        else:
+            pl_module.on_client_end(self._client)
+            self._sum.add(pl_module.backbone.state_dict(), weight=float(self._client.num_samples))
         if batch_idx == plan.total_steps - 1:
             self._finish_round(trainer, pl_module)
 

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from fedrcl.federated.batched import ClientBatching
 from fedrcl.federated.federation import Federation
 from fedrcl.server import ServerOptimizer
 
@@ -71,6 +72,11 @@ class FederatedTrainer(L.Trainer):
         checkpoint_every: save a checkpoint every this many rounds (and after the last).
         seed: seed of client sampling, local batch order and augmentation (the client split has its own
             ``data.seed``; model initialisation follows ``seed_everything``).
+        client_batching: ``on``: train a round's clients together, as one model with a leading client axis
+            (one step = one local step of every client; same result as one after another); ``off``: one after
+            another; ``auto``: on on CUDA, off elsewhere. Rounds it cannot batch (unequal clients, MOON,
+            BatchNorm) run one after another, with a notice.
+        compile_clients: compile the batched clients' step with ``torch.compile`` (CUDA graphs on CUDA).
     """
 
     def __init__(
@@ -83,6 +89,8 @@ class FederatedTrainer(L.Trainer):
         eval_every: int = 1,
         checkpoint_every: int = 50,
         seed: int = 0,
+        client_batching: Literal["auto", "on", "off"] = "auto",
+        compile_clients: bool = False,
         **kwargs: Any,
     ):
         for key, default in _OWNED.items():
@@ -92,7 +100,8 @@ class FederatedTrainer(L.Trainer):
         for key, value in (("rounds", rounds), ("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
             if value < 1:
                 raise ValueError(f"trainer.{key} must be >= 1, got {value}")
-        self.federation = Federation(clients_per_round, participation, local_epochs, server, seed)
+        self.federation = Federation(clients_per_round, participation, local_epochs, server, seed,
+                                     ClientBatching(client_batching, compile_clients))
         callbacks = list(kwargs.pop("callbacks", None) or [])
         if kwargs.get("enable_checkpointing", True) is not False and not any(
                 isinstance(c, ModelCheckpoint) for c in callbacks):
