@@ -44,10 +44,17 @@ class _LocalLoss(nn.Module):
 
     def forward(self, client_tensors: dict[str, Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         algorithm = self.algorithm
-        for name, value in client_tensors.items():
+        # This client's tensors, and its slice of the weights for the server's client term, set for the call
+        # and put back before returning: no vmapped tensor outlives it (torch.compile needs that too).
+        bound = {**client_tensors, "_params": dict(algorithm.backbone.named_parameters())}
+        saved = {name: getattr(algorithm, name) for name in bound}
+        for name, value in bound.items():
             setattr(algorithm, name, value)
-        algorithm._params = dict(algorithm.backbone.named_parameters())  # this client's slice, for the server term
-        return algorithm.local_loss(x, y)  # the caller restores the attributes set here
+        try:
+            return algorithm.local_loss(x, y)
+        finally:
+            for name, value in saved.items():
+                setattr(algorithm, name, value)
 
 
 class ClientBatching:
@@ -162,12 +169,7 @@ class StackedClients:
 
     def losses(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """Per-client losses ``[K]`` and loss parts (each ``[K]``) of one stacked batch."""
-        saved = {name: getattr(self.pl_module, name) for name in (*self.client_tensors, "_params")}
-        try:
-            return self.batching.losses(self.pl_module, self.params, self.client_tensors, x, y)
-        finally:
-            for name, value in saved.items():
-                setattr(self.pl_module, name, value)
+        return self.batching.losses(self.pl_module, self.params, self.client_tensors, x, y)
 
     def clip_grad_norm_(self, max_norm: float) -> None:
         clip_grad_norm_([p.grad for p in self.params.values() if p.grad is not None], max_norm)
