@@ -72,6 +72,12 @@ class FedAvg(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.client: Optional[ClientContext] = None
 
+    # Batched clients (``trainer.client_batching``): tensor attributes that ``on_client_start`` sets per client
+    # and ``client_loss`` reads (stacked on a client axis when clients train together); a reason string if
+    # the method cannot train batched (its clients then train one after another).
+    client_tensors: tuple[str, ...] = ()
+    unbatchable_reason: Optional[str] = None
+
     # -- the client's objective (override in subclasses) --------------------------------------------------
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         """The local loss of a batch and its named parts (logged as ``train/loss_<name>`` per round)."""
@@ -103,19 +109,37 @@ class FedAvg(L.LightningModule):
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None,
                                     gradient_clip_algorithm: Optional[str] = None) -> None:
-        if self.grad_clip_norm is not None:
+        if self.grad_clip_norm is None:
+            return
+        stacked = self.trainer.federation.stacked
+        if stacked is not None:
+            stacked.clip_grad_norm_(self.grad_clip_norm)  # per client
+        else:
             self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip_norm, gradient_clip_algorithm="norm")
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
+    def local_loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """One client's loss of one batch and its parts, the server's client term included.
+
+        Written for one client; batched clients map it over the client axis (``fedrcl.federated.batched``).
+        """
         loss, parts = self.client_loss(x, y, self.client_forward(x))
         server_term = self.trainer.federation.server.client_regularizer(self._params, self.client.global_state)
         if server_term is not None:  # a term the server optimizer adds to every client's loss (FedACG)
             loss, parts["server"] = loss + server_term, server_term
+        return loss, parts
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        stacked = self.trainer.federation.stacked
+        if stacked is None:
+            loss, parts = self.local_loss(x, y)
+        else:  # every client's step at once: losses [K]; their sum has each client's own gradient
+            loss, parts = stacked.losses(x, y)
+            loss, parts = loss.sum(), {k: v.sum() for k, v in parts.items()}
         # Summed on the device and logged once per round: per-step self.log calls cost more than a CNN step.
         for key, value in (("loss", loss), *((f"loss_{k}", v) for k, v in parts.items())):
             self._round_loss_sums[key] = self._round_loss_sums.get(key, 0.0) + value.detach()
-        self._round_steps += 1
+        self._round_steps += 1 if stacked is None else len(stacked)
         return loss
 
     def on_train_epoch_start(self) -> None:

@@ -29,6 +29,8 @@ class FedLC(FedAvg):
         tau: calibration strength (0 gives plain cross-entropy); must be >= 0.
     """
 
+    client_tensors = ("class_counts",)
+
     def __init__(self, tau: float = 1.0, **kwargs: Any):
         super().__init__(**kwargs)
         if tau < 0:

@@ -45,6 +45,8 @@ class MOON(GlobalTeacherClient):
         max_states_in_memory: client states kept in the CPU cache (the rest is read from disk).
     """
 
+    unbatchable_reason = "MOON keeps a previous local model per client"
+
     def __init__(self, mu: float = 1.0, temperature: float = 0.5, state_dir: Optional[str] = None,
                  max_states_in_memory: int = 8, **kwargs: Any):
         super().__init__(**kwargs)

@@ -198,6 +198,18 @@ class FederatedDataModule(L.LightningDataModule):
                             for _ in range(self.views - 1)]
                     yield torch.cat([x, *more]), self.y_train[idx].repeat(self.views)
 
+    def stacked_client_batches(self, client_ids: tuple[int, ...], round_idx: int, local_epochs: int,
+                               seed: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """The clients' batches of one round step by step, stacked on a leading client axis (``[K, B, ...]``).
+
+        Client ``k``'s slice is exactly ``client_batches(k, ...)``'s batch of that step (its own stream), so
+        the clients must take equal numbers of equally sized steps.
+        """
+        streams = [self.client_batches(k, round_idx, local_epochs, seed) for k in client_ids]
+        for batches in zip(*streams, strict=True):
+            xs, ys = zip(*batches)
+            yield torch.stack(xs), torch.stack(ys)
+
     def train_dataloader(self) -> "RoundBatches":
         return RoundBatches(self)
 
@@ -209,7 +221,7 @@ class FederatedDataModule(L.LightningDataModule):
 
 
 class RoundBatches:
-    """The current round's batch stream: each planned client's batches in turn.
+    """The current round's batch stream: each planned client's batches in turn (stacked when batched).
 
     The plan (which clients, how many steps) comes from the trainer's federation for the trainer's
     current round; Lightning re-reads ``len`` every round.
@@ -227,6 +239,9 @@ class RoundBatches:
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         plan, seed = self._plan(), self.datamodule.trainer.federation.seed
+        if plan.batched:
+            yield from self.datamodule.stacked_client_batches(plan.client_ids, plan.round_idx, plan.local_epochs, seed)
+            return
         for client_id in plan.client_ids:
             yield from self.datamodule.client_batches(client_id, plan.round_idx, plan.local_epochs, seed)
 

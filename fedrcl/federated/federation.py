@@ -18,6 +18,7 @@ average the gradients of different clients at every step, and hang when their st
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
@@ -28,6 +29,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from fedrcl.federated.aggregation import WeightedSum
+from fedrcl.federated.batched import ClientBatching, StackedClients
 from fedrcl.federated.context import ClientContext
 from fedrcl.federated.divergence import DivergenceError, all_finite, client_failure, divergence_message
 from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
@@ -61,10 +63,12 @@ class Federation(L.Callback):
         seed: seed of client sampling, batch order and augmentation.
         allow_changes: fingerprint keys (or their parents) a resumed run may change (``fedrcl.federated.
             fingerprint``); any other difference from the checkpoint stops the run.
+        client_batching: train a round's clients together (``fedrcl.federated.batched``); default: off.
     """
 
     def __init__(self, clients_per_round: Optional[int], participation: Optional[float], local_epochs: int,
-                 server: Optional[ServerOptimizer], seed: int, allow_changes: Sequence[str] = ()):
+                 server: Optional[ServerOptimizer], seed: int, allow_changes: Sequence[str] = (),
+                 client_batching: Optional[ClientBatching] = None):
         if (clients_per_round is None) == (participation is None):
             raise ValueError("set exactly one of trainer.clients_per_round and trainer.participation")
         if participation is not None and not 0 < participation <= 1:
@@ -82,6 +86,8 @@ class Federation(L.Callback):
         self._fitting = False
         self.segments: list[dict[str, Any]] = []  # deliberate changes at resumes: round and changed keys
         self._changes: dict[str, list[Any]] = {}
+        self.batching = client_batching or ClientBatching("off")
+        self.stacked: Optional[StackedClients] = None  # the round's clients, while they train batched
 
     # -- planning -----------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -122,6 +128,8 @@ class Federation(L.Callback):
                 num_samples=tuple(dm.client_num_samples(k) for k in mine),
                 steps_per_epoch=tuple(dm.client_steps_per_epoch(k) for k in mine),
                 local_epochs=self.local_epochs)
+            batched = self.batching.applies(trainer.lightning_module, self._plan, dm, trainer.strategy.root_device)
+            self._plan = dataclasses.replace(self._plan, batched=batched)
         return self._plan
 
     # -- the round ----------------------------------------------------------------------------------------
@@ -137,7 +145,10 @@ class Federation(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
         slot = plan.locate(batch_idx)
-        if slot.step == 0:
+        if slot.step == 0 and plan.batched:
+            load_state_(pl_module.backbone, self._sent)
+            self.stacked = StackedClients(trainer, pl_module, plan, self._sent, self.seed, self.batching)
+        elif slot.step == 0:
             load_state_(pl_module.backbone, self._sent)
             self._client = ClientContext(
                 round_idx=plan.round_idx, client_id=slot.client_id,
@@ -159,15 +170,24 @@ class Federation(L.Callback):
             self._loss_sum = loss if slot.step == 0 or self._loss_sum is None else self._loss_sum + loss
         if not slot.last_step_of_client:
             return
-        pl_module.on_client_end(self._client)
+        if plan.batched:  # every client of the stack ends at this step
+            self.stacked.finish(lambda client: self._fold(pl_module, client))
+            self.stacked = None
+        else:
+            pl_module.on_client_end(self._client)
+            self._fold(pl_module, self._client)
+        self._loss_sum = None
+        if batch_idx == plan.total_steps - 1:
+            self._finish_round(trainer, pl_module)
+
+    def _fold(self, pl_module: L.LightningModule, client: ClientContext) -> None:
+        """Check a client that just finished for divergence and add its weights to the round's sum (its weights
+        are in the backbone; a batched round's summed loss is checked with each of its clients)."""
         weights = pl_module.backbone.state_dict()
         failure = client_failure(self._loss_sum, weights)
         if failure is not None:
-            self._failures[self._client.client_id] = failure
-        self._loss_sum = None
-        self._sum.add(weights, weight=float(self._client.num_samples))
-        if batch_idx == plan.total_steps - 1:
-            self._finish_round(trainer, pl_module)
+            self._failures[client.client_id] = failure
+        self._sum.add(weights, weight=float(client.num_samples))
 
     def _finish_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         hint = "Lower model.init_args.lr or set model.init_args.grad_clip_norm; --ckpt_path last resumes " \

@@ -31,6 +31,8 @@ class RoundPlan:
         num_samples: each client's training-set size (aggregation weight).
         steps_per_epoch: each client's steps per local epoch.
         local_epochs: local epochs per client.
+        batched: the clients train together (``fedrcl.federated.batched``): the stream has one stacked batch
+            per local step, every client's step at once, and ``locate`` reports position 0 for all of them.
     """
 
     round_idx: int
@@ -38,6 +40,7 @@ class RoundPlan:
     num_samples: tuple[int, ...]
     steps_per_epoch: tuple[int, ...]
     local_epochs: int
+    batched: bool = False
 
     @property
     def steps(self) -> tuple[int, ...]:
@@ -47,12 +50,12 @@ class RoundPlan:
     @property
     def total_steps(self) -> int:
         """Batches in the round's stream."""
-        return sum(self.steps)
+        return self.steps[0] if self.batched else sum(self.steps)
 
     def locate(self, batch_idx: int) -> ClientSlot:
         """The client slot of the ``batch_idx``-th batch of the round."""
         starts, acc = [], 0
-        for s in self.steps:
+        for s in self.steps[:1] if self.batched else self.steps:
             starts.append(acc)
             acc += s
         if not 0 <= batch_idx < acc:

@@ -1,7 +1,7 @@
 """FederatedTrainer: Lightning's Trainer with rounds, clients and a server optimizer."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar
@@ -9,6 +9,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from fedrcl.federated.checkpoint import (RoundCheckpoint, check_configuration, find_resumable,
                                          with_atomic_checkpoint_io)
+from fedrcl.federated.batched import ClientBatching
 from fedrcl.federated.federation import Federation
 from fedrcl.federated.fingerprint import run_fingerprint
 from fedrcl.federated.progress import round_progress
@@ -46,6 +47,11 @@ class FederatedTrainer(L.Trainer):
         resume_allow_changes: keys of the resume check (e.g. ``model.init_args.lr``, ``trainer.server``) that
             ``--ckpt_path`` may find changed: the run continues with the new values as a new segment
             (logged, and kept in the checkpoint). Any other difference from the checkpoint is an error.
+        client_batching: ``on``: train a round's clients together, as one model with a leading client axis
+            (one step = one local step of every client; same result as one after another); ``off``: one after
+            another; ``auto``: on on CUDA, off elsewhere. Rounds it cannot batch (unequal clients, MOON,
+            BatchNorm) run one after another, with a notice.
+        compile_clients: compile the batched clients' step with ``torch.compile`` (CUDA graphs on CUDA).
     """
 
     def __init__(
@@ -59,6 +65,8 @@ class FederatedTrainer(L.Trainer):
         checkpoint_every: int = 50,
         seed: int = 0,
         resume_allow_changes: Optional[list[str]] = None,
+        client_batching: Literal["auto", "on", "off"] = "auto",
+        compile_clients: bool = False,
         **kwargs: Any,
     ):
         for key, default in _OWNED.items():
@@ -69,7 +77,8 @@ class FederatedTrainer(L.Trainer):
             if value < 1:
                 raise ValueError(f"trainer.{key} must be >= 1, got {value}")
         self.federation = Federation(clients_per_round, participation, local_epochs, server, seed,
-                                     allow_changes=resume_allow_changes or ())
+                                     allow_changes=resume_allow_changes or (),
+                                     client_batching=ClientBatching(client_batching, compile_clients))
         callbacks = list(kwargs.pop("callbacks", None) or [])
         if kwargs.get("enable_checkpointing", True) is not False:  # a user's ModelCheckpoint adds files
             callbacks.append(RoundCheckpoint(checkpoint_every))

@@ -35,6 +35,8 @@ def hybrid_branch_losses(main_logits: Tensor, branch_logits: Sequence[Tensor], l
             raise ValueError(f"hybrid logits {tuple(z.shape)} vs main {tuple(main_logits.shape)}")
         z = z.to(dtype)
         ces.append(F.cross_entropy(z, labels))
-        kls.append(F.kl_div(log_p_main, F.log_softmax(z / temperature, dim=1), reduction="batchmean",
-                            log_target=True))
+        # F.kl_div(log_p_main, log_p_k, reduction="batchmean", log_target=True), written out: kl_div has no
+        # vmap batching rule (batched clients would loop over it).
+        log_p_k = F.log_softmax(z / temperature, dim=1)
+        kls.append((log_p_k.exp() * (log_p_k - log_p_main)).sum() / z.shape[0])
     return torch.stack(ces), torch.stack(kls)

@@ -27,6 +27,7 @@ def info_nce(view1: Tensor, view2: Tensor, temperature: float = 0.05) -> Tensor:
     b = view1.shape[0]
     dtype = torch.promote_types(view1.dtype, torch.float32)
     u = F.normalize(torch.cat([view1, view2]).to(dtype), dim=1)
-    sim = (u @ u.T / temperature).fill_diagonal_(float("-inf"))
+    self_pairs = torch.eye(2 * b, dtype=torch.bool, device=u.device)
+    sim = (u @ u.T / temperature).masked_fill(self_pairs, float("-inf"))  # not in place: runs under vmap
     partner = torch.cat([torch.arange(b, 2 * b), torch.arange(b)]).to(u.device)
     return F.cross_entropy(sim, partner)

@@ -38,4 +38,6 @@ def not_true_distillation(local_logits: Tensor, global_logits: Tensor, labels: T
     dtype = torch.promote_types(local_logits.dtype, torch.float32)
     log_q_local = F.log_softmax(not_true_logits(local_logits.to(dtype), labels) / temperature, dim=1)
     log_q_global = F.log_softmax(not_true_logits(global_logits.detach().to(dtype), labels) / temperature, dim=1)
-    return F.kl_div(log_q_local, log_q_global, reduction="batchmean", log_target=True)
+    # F.kl_div(log_q_local, log_q_global, reduction="batchmean", log_target=True), written out: kl_div has no
+    # vmap batching rule (batched clients would loop over it).
+    return (log_q_global.exp() * (log_q_global - log_q_local)).sum() / local_logits.shape[0]

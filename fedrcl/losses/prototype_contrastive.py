@@ -30,10 +30,12 @@ def prototype_contrastive_loss(z: Tensor, labels: Tensor, prototypes: Tensor, av
     """``L_pc`` (scalar); ``prototypes`` ``[C, D]``, ``available`` ``[C]`` bool (the set ``A``)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    # Masks and fixed shapes, no data-dependent branch, so that it runs under torch.func.vmap (batched clients).
     keep = available[labels]
-    if not keep.any():
-        return z.sum() * 0.0
     dtype = torch.promote_types(z.dtype, torch.float32)
-    sim = F.normalize(z[keep].to(dtype), dim=1) @ F.normalize(prototypes.to(dtype), dim=1).T / temperature
-    sim = sim.masked_fill(~available, float("-inf"))
-    return F.cross_entropy(sim, labels[keep])
+    sim = F.normalize(z.to(dtype), dim=1) @ F.normalize(prototypes.to(dtype), dim=1).T / temperature
+    # A finite floor rather than -inf: exp() of it is 0 all the same, and a row with no class stays finite.
+    sim = sim.masked_fill(~available, torch.finfo(dtype).min / 2)
+    per_sample = -sim.log_softmax(dim=1).gather(1, labels.unsqueeze(1)).squeeze(1)
+    per_sample = torch.where(keep, per_sample, torch.zeros_like(per_sample))
+    return per_sample.sum() / keep.sum().clamp(min=1)

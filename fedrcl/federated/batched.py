@@ -1,0 +1,188 @@
+"""Batched clients: a round's clients (of this process) trained at once, on a leading client axis.
+
+All clients of a round start from the same broadcast weights. Stacked K times they form one set of
+parameters ``[K, ...]``; ``torch.func.vmap`` over ``torch.func.functional_call`` runs the algorithm's own
+one-client loss (``FedAvg.local_loss``, written once, for one client) for every client on its own batch with
+its own slice of the weights. The sum of the K losses has, in each slice, exactly that client's gradient, so
+Lightning's ordinary backward and the algorithm's ordinary SGD optimizer (elementwise: lr, weight decay,
+momentum) update every client at once; only the gradient-norm clip is per client (``clip_grad_norm_``).
+One Lightning step is one local step of every client; batches come stacked from
+``FederatedDataModule.stacked_client_batches`` (each client's from its own (seed, round, client) stream).
+
+Shared by all clients, unbatched: the round's frozen global teacher, the broadcast weights (FedProx, FedACG's
+client term), round facts. Per client, stacked: tensors an algorithm names in ``client_tensors`` (set by its
+``on_client_start``, e.g. FedLC's label counts). A round falls back to the sequential loop, with a one-line
+notice, when its clients differ in step count or batch size, when the algorithm keeps per-client models
+(``unbatchable_reason``, MOON) or when the backbone has buffers (BatchNorm statistics).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Optional
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+
+from fedrcl.federated.context import ClientContext
+from fedrcl.federated.plan import RoundPlan
+
+Mode = Literal["auto", "on", "off"]
+# torch.compile backend of the batched step; tests set a cheap one ("aot_eager") to run it on the CPU.
+COMPILE_BACKEND = "inductor"
+
+
+class _LocalLoss(nn.Module):
+    """``algorithm.local_loss`` as a module call, so that ``functional_call`` can swap the weights it sees."""
+
+    def __init__(self, algorithm: nn.Module):
+        super().__init__()
+        self.algorithm = algorithm
+
+    def forward(self, client_tensors: dict[str, Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        algorithm = self.algorithm
+        # This client's tensors, and its slice of the weights for the server's client term, set for the call
+        # and put back before returning: no vmapped tensor outlives it (torch.compile needs that too).
+        bound = {**client_tensors, "_params": dict(algorithm.backbone.named_parameters())}
+        saved = {name: getattr(algorithm, name) for name in bound}
+        for name, value in bound.items():
+            setattr(algorithm, name, value)
+        try:
+            return algorithm.local_loss(x, y)
+        finally:
+            for name, value in saved.items():
+                setattr(algorithm, name, value)
+
+
+class ClientBatching:
+    """The ``trainer.client_batching`` option: when to train a round's clients batched, and the batched loss.
+
+    Args:
+        mode: ``on``: batched whenever the round allows it; ``off``: clients one after another; ``auto``:
+            batched on CUDA, sequential elsewhere (on the CPU, vmap over convolutions is slower, see NOTES).
+        compile: compile the batched loss with ``torch.compile`` (``mode="reduce-overhead"``, CUDA graphs,
+            on CUDA).
+    """
+
+    def __init__(self, mode: Mode = "auto", compile: bool = False):
+        if mode not in Mode.__args__:
+            raise ValueError(f"trainer.client_batching must be one of {', '.join(Mode.__args__)}, got {mode!r}")
+        self.mode, self.compile = mode, compile
+        self._noticed: set[str] = set()
+        self._module: Optional[_LocalLoss] = None
+        self._losses = None
+        self.compile_seconds: Optional[float] = None
+
+    def applies(self, pl_module: Any, plan: RoundPlan, datamodule: Any, device: torch.device) -> bool:
+        """Whether the round of ``plan`` trains batched (a fallback is announced once per reason)."""
+        if self.mode == "off" or (self.mode == "auto" and device.type != "cuda"):
+            return False
+        reason = getattr(pl_module, "unbatchable_reason", None)
+        if reason is None and any(True for _ in pl_module.backbone.buffers()):
+            reason = "the backbone has buffers (e.g. BatchNorm statistics)"
+        if reason is None and len(set(plan.steps)) > 1:
+            reason = "this round's clients take different numbers of steps"
+        if reason is None and datamodule.local_iters_per_epoch is None and len(set(plan.num_samples)) > 1:
+            reason = "this round's clients have last batches of different sizes (data.local_iters_per_epoch null)"
+        if reason is None:
+            return True
+        if reason not in self._noticed:
+            self._noticed.add(reason)
+            rank_zero_info(f"trainer.client_batching: clients trained one after another: {reason}")
+        return False
+
+    def losses(self, pl_module: nn.Module, params: dict[str, Tensor], client_tensors: dict[str, Tensor],
+               x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weights (``params[n][k]``)."""
+        if self._module is None or self._module.algorithm is not pl_module:
+            self._module = _LocalLoss(pl_module)
+            module = self._module
+
+            def one_client(p: dict[str, Tensor], c: dict[str, Tensor], xb: Tensor, yb: Tensor):
+                return functional_call(module, p, (c, xb, yb))
+
+            self._losses = vmap(one_client, randomness="error")
+            if self.compile:
+                cuda = x.device.type == "cuda"
+                self._losses = torch.compile(self._losses, backend=COMPILE_BACKEND,
+                                             mode="reduce-overhead" if cuda and COMPILE_BACKEND == "inductor" else None)
+        prefixed = {f"algorithm.backbone.{name}": p for name, p in params.items()}
+        first = self.compile and self.compile_seconds is None
+        start = time.perf_counter()
+        out = self._losses(prefixed, client_tensors, x, y)
+        if first:  # the first call compiles (a one-off host sync to time it)
+            if x.device.type == "cuda":
+                torch.cuda.synchronize(x.device)
+            self.compile_seconds = time.perf_counter() - start
+            rank_zero_info(f"trainer.compile_clients: first batched step (compiling) took {self.compile_seconds:.1f} s")
+        return out
+
+
+def clip_grad_norm_(grads: list[Tensor], max_norm: float) -> None:
+    """Clip each client's gradient (slice ``k`` of every tensor in ``grads``) to total 2-norm ``max_norm``.
+
+    The per-client form of ``torch.nn.utils.clip_grad_norm_``: the same coefficient
+    ``min(1, max_norm / (norm + 1e-6))``, computed and applied on the device.
+    """
+    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])  # [P, K]
+    coef = (max_norm / (torch.linalg.vector_norm(norms, dim=0) + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
+
+
+class StackedClients:
+    """One round's clients as one set of stacked weights, plugged into the algorithm's optimizer.
+
+    Created at the round's first step: calls the algorithm's ``on_client_start`` for every client (its
+    ``client_tensors`` are stacked), stacks the broadcast weights and points the optimizer's parameter group
+    at them (its state cleared: every client's optimizer starts fresh). ``finish`` puts the module's
+    parameters back, loads each client's weights into the backbone in turn for its ``on_client_end`` and folds
+    them into the round's weighted sum, in client order as the sequential loop does.
+    """
+
+    def __init__(self, trainer: Any, pl_module: Any, plan: RoundPlan, sent: Mapping[str, Tensor], seed: int,
+                 batching: ClientBatching):
+        self.pl_module, self.batching = pl_module, batching
+        self.contexts = [
+            ClientContext(round_idx=plan.round_idx, client_id=k, num_samples=n, num_steps=steps, seed=seed,
+                          global_state=sent)
+            for k, n, steps in zip(plan.client_ids, plan.num_samples, plan.steps)]
+        per_client: dict[str, list[Tensor]] = {name: [] for name in getattr(pl_module, "client_tensors", ())}
+        for context in self.contexts:
+            pl_module.on_client_start(context)
+            for name, values in per_client.items():
+                values.append(getattr(pl_module, name))
+        self.client_tensors = {name: torch.stack(values) for name, values in per_client.items()}
+        k = len(self.contexts)
+        self.params = {name: sent[name].detach().unsqueeze(0).repeat(k, *([1] * sent[name].dim())).requires_grad_()
+                       for name, _ in pl_module.backbone.named_parameters()}
+        (self.optimizer,) = trainer.optimizers
+        (group,) = self.optimizer.param_groups
+        self._module_params, group["params"] = group["params"], list(self.params.values())
+        self.optimizer.state.clear()
+
+    def __len__(self) -> int:
+        return len(self.contexts)
+
+    def losses(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Per-client losses ``[K]`` and loss parts (each ``[K]``) of one stacked batch."""
+        return self.batching.losses(self.pl_module, self.params, self.client_tensors, x, y)
+
+    def clip_grad_norm_(self, max_norm: float) -> None:
+        clip_grad_norm_([p.grad for p in self.params.values() if p.grad is not None], max_norm)
+
+    @torch.no_grad()
+    def finish(self, fold: Callable[[ClientContext], None]) -> None:
+        """Restore the optimizer; for each client in turn load its weights into the backbone, run its
+        ``on_client_end`` and ``fold(client)`` (the round loop's check and sum)."""
+        self.optimizer.param_groups[0]["params"] = self._module_params
+        self.optimizer.state.clear()
+        backbone = self.pl_module.backbone
+        module_params = dict(backbone.named_parameters())
+        for i, context in enumerate(self.contexts):
+            for name, stacked in self.params.items():
+                module_params[name].copy_(stacked[i])
+            self.pl_module.on_client_end(context)
+            fold(context)

@@ -1,0 +1,104 @@
+"""Batched clients (``trainer.client_batching``): the same training as clients one after another."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import run_cli
+from fedrcl.federated.batched import ClientBatching, clip_grad_norm_
+
+RESNET8 = ("--model.init_args.backbone", "fedrcl.models.ResNet18",
+           "--model.init_args.backbone.init_args.width", "8")
+
+
+def train_logs(log_dir: Path) -> dict[str, list[float]]:
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"] if tag.startswith("train/")}
+
+
+def fit(data_root, save_dir, mode, model, *extra, precision="64-true"):
+    """Two rounds of 3 clients x 3 steps; in float64, where rounding (which the clients' vmapped kernels do in
+    another order) stays far below the tolerance."""
+    cli = run_cli(data_root, save_dir, "--trainer.client_batching", mode, "--trainer.precision", precision,
+                  "--data.local_iters_per_epoch", "3", *extra, rounds=2, model=model)
+    weights = {k: v.detach().clone() for k, v in cli.model.backbone.state_dict().items()}
+    return weights, train_logs(Path(cli.trainer.logger.log_dir)), cli
+
+
+def assert_equal_runs(a, b, rtol=1e-5):
+    (wa, la, _), (wb, lb, _) = a, b
+    assert wa.keys() == wb.keys()
+    for key, value in wa.items():
+        torch.testing.assert_close(wb[key], value, rtol=rtol, atol=rtol / 100, msg=key)
+    assert la.keys() == lb.keys() and "train/loss" in la
+    for tag, values in la.items():
+        assert len(values) == 2, tag
+        assert lb[tag] == pytest.approx(values, rel=rtol, abs=rtol / 100), tag
+
+
+@pytest.mark.parametrize("model", ["fedrcl.algorithms.FedAvg", "fedrcl.algorithms.FedRCL", "fedrcl.algorithms.FedNTD"])
+@pytest.mark.parametrize("backbone", ["cnn", "resnet8"])
+def test_batched_clients_equal_sequential(data_root, tmp_path, model, backbone):
+    extra = RESNET8 if backbone == "resnet8" else ()
+    seq = fit(data_root, tmp_path / "seq", "off", model, *extra)
+    bat = fit(data_root, tmp_path / "bat", "on", model, *extra)
+    assert bat[2].trainer.federation.plan(1).batched and not seq[2].trainer.federation.plan(1).batched
+    assert_equal_runs(seq, bat)
+
+
+OTHERS = {
+    "FedSCL": (), "FedProx": (), "FedLC": (), "FedDecorr": (), "FitNet": (), "FedMLB": (), "FedProc": (),
+    "FedCL": ("--data.views", "2"),
+    "FedRCL+FedACG": ("--trainer.server", "fedrcl.server.FedACG"),
+}
+
+
+@pytest.mark.parametrize("name", list(OTHERS))
+def test_every_batch_method_equals_sequential(data_root, tmp_path, name):
+    model = f"fedrcl.algorithms.{name.split('+')[0]}"
+    # FedProc's client report runs its own float32 forward pass, which 64-true precision does not convert.
+    precision, rtol = ("32-true", 1e-4) if name == "FedProc" else ("64-true", 1e-5)
+    seq = fit(data_root, tmp_path / "seq", "off", model, *OTHERS[name], precision=precision)
+    bat = fit(data_root, tmp_path / "bat", "on", model, *OTHERS[name], precision=precision)
+    assert 3 * bat[2].trainer.global_step == seq[2].trainer.global_step == 2 * 3 * 3  # a step: every client's
+    assert_equal_runs(seq, bat, rtol)
+
+
+def test_moon_and_unequal_clients_fall_back_with_a_notice(data_root, tmp_path, caplog):
+    with caplog.at_level("INFO"):
+        _, _, cli = fit(data_root, tmp_path / "moon", "on", "fedrcl.algorithms.MOON")
+        assert not cli.trainer.federation.plan(1).batched
+        # unbalanced clients taking one pass per epoch: unequal step counts or last batches
+        cli = run_cli(data_root, tmp_path / "unequal", "--trainer.client_batching", "on",
+                      "--data.partition", "dirichlet_unbalanced", rounds=1, model="fedrcl.algorithms.FedAvg")
+        assert not cli.trainer.federation.plan(0).batched
+    notices = [r.getMessage() for r in caplog.records if "client_batching" in r.getMessage()]
+    assert any("MOON keeps a previous local model" in m for m in notices)
+    assert any("different numbers of steps" in m or "different sizes" in m for m in notices)
+
+
+def test_auto_is_sequential_on_cpu_and_bad_mode_is_an_error(data_root, tmp_path):
+    cli = run_cli(data_root, tmp_path, "--data.local_iters_per_epoch", "2", rounds=1, model="fedrcl.algorithms.FedAvg")
+    assert cli.trainer.federation.batching.mode == "auto" and not cli.trainer.federation.plan(0).batched
+    with pytest.raises(ValueError, match="client_batching"):
+        ClientBatching("always")
+
+
+def test_per_client_clip_matches_torch_clip():
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(3, 4, 5, generator=gen) * 3, torch.randn(3, 7, generator=gen)]
+    grads[0][1] *= 0.01  # client 1 below the threshold: left unchanged
+    clipped = [g.clone() for g in grads]
+    clip_grad_norm_(clipped, 5.0)
+    for k in range(3):
+        params = [torch.zeros_like(g[k], requires_grad=True) for g in grads]
+        for p, g in zip(params, grads):
+            p.grad = g[k].clone()
+        torch.nn.utils.clip_grad_norm_(params, 5.0)
+        for got, p in zip(clipped, params):
+            torch.testing.assert_close(got[k], p.grad)
+    assert torch.linalg.vector_norm(torch.cat([g[0].flatten() for g in clipped])) == pytest.approx(5.0, rel=1e-5)
