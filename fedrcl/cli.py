@@ -4,6 +4,7 @@
     fedrcl fit --config configs/cifar100_a005.yaml --model fedrcl.algorithms.FedAvg
     fedrcl fit --config configs/cifar100_a005.yaml --ckpt_path last
     fedrcl report runs          # our runs beside the paper's tables (fedrcl.report)
+    fedrcl seeds --seeds 0 1 2 --config configs/quickstart.yaml     # one fit per seed (fedrcl.seeds)
 """
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ def main(args: list[str] | None = None) -> None:
         from fedrcl.report import main as report_main
 
         report_main(argv[1:])
+        return
+    if argv[:1] == ["seeds"]:
+        from fedrcl.seeds import main as seeds_main
+
+        seeds_main(argv[1:])
         return
     build_cli(args)
 

@@ -11,6 +11,11 @@ so Lightning's checkpoint of the module holds the global weights.
 
 Clients of a round are split across processes by rank (``client_ids[rank::world_size]``) and their sums
 meet in one all-reduce per tensor, so a multi-process strategy needs no other change to this loop.
+
+At each client's end, before aggregation, every trainer callback with a method
+``on_client_end(trainer, pl_module, client, local_state)`` is called with the client's ``ClientContext``
+and its local weights (e.g. ``fedrcl.analysis.ClientEvaluation``). ``ledger``
+(``fedrcl.federated.communication``) counts the bytes sent and splits each round's wall time.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import torch
 from torch import Tensor
 
 from fedrcl.federated.aggregation import WeightedSum
+from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.context import ClientContext
 from fedrcl.federated.plan import RoundPlan
 from fedrcl.federated.sampling import sample_clients
@@ -66,6 +72,7 @@ class Federation(L.Callback):
         self.server = server if server is not None else FedAvg()
         self._plan: Optional[RoundPlan] = None
         self._fingerprint: dict[str, Any] = {}
+        self.ledger = RoundLedger()
 
     # -- planning -----------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -106,6 +113,8 @@ class Federation(L.Callback):
 
     # -- the round ----------------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log_ledger(trainer)
+        self.ledger.start_round(trainer.current_epoch)
         self._started = time.perf_counter()
         self._global = snapshot(pl_module.backbone)
         self._sent = self.server.broadcast(self._global)
@@ -134,9 +143,18 @@ class Federation(L.Callback):
         if not slot.last_step_of_client:
             return
         pl_module.on_client_end(self._client)
-        self._sum.add(pl_module.backbone.state_dict(), weight=float(self._client.num_samples))
+        local_state = pl_module.backbone.state_dict()
+        self.ledger.count_client(self._sent, local_state, pl_module, self.server, self._client)
+        with self.ledger.timed("evaluation"):
+            for callback in trainer.callbacks:
+                if callback is not self and hasattr(callback, "on_client_end"):
+                    callback.on_client_end(trainer, pl_module, self._client, local_state)
+        with self.ledger.timed("aggregation"):
+            self._sum.add(local_state, weight=float(self._client.num_samples))
         if batch_idx == plan.total_steps - 1:
-            self._finish_round(trainer, pl_module)
+            self.ledger.trained()
+            with self.ledger.timed("aggregation"):
+                self._finish_round(trainer, pl_module)
 
     def _finish_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         reduce = None
@@ -146,13 +164,32 @@ class Federation(L.Callback):
         new_global = self.server.step(self._global, self._sent, client_mean)
         load_state_(pl_module.backbone, new_global)
         self._global = self._sent = self._sum = None
+        self.ledger.totals(None if reduce is None else lambda n: int(reduce(
+            torch.tensor(float(n), dtype=torch.float64, device=pl_module.device))))
         pl_module.log("time/round_seconds", time.perf_counter() - self._started, on_step=False, on_epoch=True)
         pl_module.log("train/lr", pl_module.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True)
         pl_module.log("step", float(trainer.current_epoch + 1), on_step=False, on_epoch=True)
 
+    # -- the ledger: evaluation time, and each round's bytes and seconds logged once its wall time is known --
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._validation_started = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.ledger.add("evaluation", time.perf_counter() - self._validation_started)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log_ledger(trainer)
+
+    def _log_ledger(self, trainer: L.Trainer) -> None:
+        round_idx, metrics = self.ledger.metrics()
+        if round_idx is not None:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=round_idx + 1)
+
     # -- checkpoint ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"server": self.server.state_dict(), "fingerprint": self._fingerprint}
+        return {"server": self.server.state_dict(), "fingerprint": self._fingerprint,
+                "ledger": self.ledger.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         saved = state_dict.get("fingerprint", {})
@@ -161,3 +198,5 @@ class Federation(L.Callback):
                 raise ValueError(f"checkpoint comes from another configuration: {key} was {saved[key]!r} "
                                  f"there and is {value!r} here")
         self.server.load_state_dict(state_dict["server"])
+        if "ledger" in state_dict:
+            self.ledger.load_state_dict(state_dict["ledger"])
