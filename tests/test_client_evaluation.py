@@ -62,7 +62,8 @@ def test_client_evaluation_end_to_end(data_root, tmp_path):
     plain = run_cli(data_root, tmp_path / "plain", *common, rounds=2, model="fedrcl.algorithms.FedAvg")
     callback = ("--trainer.callbacks+=fedrcl.analysis.ClientEvaluation",
                 "--trainer.callbacks.init_args.every_n_rounds", "1")
-    cli = run_cli(data_root, tmp_path / "eval", *common, *callback, rounds=2, model="fedrcl.algorithms.FedAvg")
+    cli = run_cli(data_root, tmp_path / "eval", *common, *callback, rounds=2,
+                  model="fedrcl.algorithms.FedAvg")
     log_dir = Path(cli.trainer.log_dir)
     scalars, plain_scalars = load_scalars(log_dir), load_scalars(Path(plain.trainer.log_dir))
     assert scalars["val/acc"][1].tolist() == plain_scalars["val/acc"][1].tolist()  # training untouched
