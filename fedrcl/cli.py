@@ -6,6 +6,7 @@
     fedrcl validate --config configs/quickstart.yaml \
         --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
     fedrcl report runs          # our runs beside the paper's tables (fedrcl.report)
+    fedrcl seeds --seeds 0 1 2 --config configs/quickstart.yaml     # one fit per seed (fedrcl.seeds)
 
 Keys are never abbreviated (``--trainer.round`` is an error, not ``--trainer.rounds``). ``validate`` and
 ``test`` log to ``<save_dir>/<name>/<subcommand>_k``, beside the fit run's ``version_k`` folders, so they
@@ -34,6 +35,7 @@ from fedrcl.federated.trainer import FederatedTrainer
 # Subcommands that are not Trainer methods: name -> (module whose ``main(argv)`` runs it, one-line help).
 OTHER_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fedrcl.report", "Markdown tables of our runs beside the FedRCL paper's numbers."),
+    "seeds": ("fedrcl.seeds", "One fit per seed of a config; fedrcl report groups them (mean, std, 95% CI)."),
 }
 EVALUATIONS = ("validate", "test")
 

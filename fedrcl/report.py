@@ -17,6 +17,14 @@ fills a cell when its setting matches the table's, the block's, the column's and
 fill cells of several tables. Our value is the ``val/acc_ema`` curve (the accuracy EMA the paper reports)
 at the round, or at the last round logged, marked ``*``, when the run stopped earlier. Cells without a run
 stay empty.
+
+Seeds: runs whose saved configs are equal except for the seeds (``seed_everything``, ``trainer.seed``,
+``data.seed``) and for keys that do not change what is trained (``EXPERIMENT_IGNORES``: where and how it is
+logged, callbacks, checkpoint frequency, the data folder, the round budget) are one experiment under
+several seeds, as ``fedrcl seeds`` makes them. The "Seeds" section gives, per experiment and per tag
+(``--tags``, default ``val/acc_ema val/acc``), the mean ± sample std over its runs, n and the 95% Student-t
+interval, at the last round all its runs logged (``fedrcl.analysis.seed_stats``). Versions of one run folder
+with other seeds are separate runs.
 """
 from __future__ import annotations
 
@@ -31,11 +39,20 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import yaml
 
-from fedrcl.analysis.runs import load_scalars
+from fedrcl.analysis.runs import Curve, load_scalars
+from fedrcl.analysis.seed_stats import summarize_seeds
 
-__all__ = ["RunResult", "load_paper_results", "run_setting", "collect_runs", "render_report", "main"]
+__all__ = ["RunResult", "load_paper_results", "run_setting", "collect_runs", "experiment_key", "seed_groups",
+           "render_seed_table", "render_report", "main"]
 
 EMA_TAG = "val/acc_ema"
+SEED_KEYS = ("seed_everything", "trainer.seed", "data.seed")
+# Keys that say where and how a run is logged, checkpointed or stopped, not what it trains.
+EXPERIMENT_IGNORES = ("trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar",
+                      "trainer.enable_model_summary", "trainer.enable_checkpointing",
+                      "trainer.default_root_dir", "trainer.checkpoint_every", "trainer.log_every_n_steps",
+                      "trainer.rounds", "ckpt_path", "data.root", "data.download", "config")
+DEFAULT_SEED_TAGS = ("val/acc_ema", "val/acc")
 
 
 @dataclass
@@ -47,6 +64,14 @@ class RunResult:
     setting: dict[str, Any]
     rounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     ema: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    config: dict[str, Any] = field(default_factory=dict)
+    curves: dict[str, Curve] = field(default_factory=dict)
+
+    @property
+    def seeds(self) -> dict[str, Any]:
+        """``{"seed_everything": ..., "trainer.seed": ..., "data.seed": ...}`` from the saved config."""
+        flat = _flatten(self.config)
+        return {key: flat.get(key) for key in SEED_KEYS}
 
     @property
     def last_round(self) -> int:
@@ -120,6 +145,25 @@ def run_setting(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b.c": value}`` of a nested config (lists kept whole)."""
+    if not isinstance(config, dict):
+        return {prefix: config}
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        flat.update(_flatten(value, name) if isinstance(value, dict) else {name: value})
+    return flat
+
+
+def experiment_key(config: dict[str, Any]) -> tuple:
+    """What a run trains, from its saved config: everything but the seeds and ``EXPERIMENT_IGNORES``."""
+    flat = _flatten(config)
+    keep = {k: v for k, v in flat.items() if k not in SEED_KEYS and not any(
+        k == ignored or k.startswith(ignored + ".") for ignored in EXPERIMENT_IGNORES)}
+    return tuple(sorted((k, repr(v)) for k, v in keep.items()))
+
+
 def _version_number(path: Path) -> int:
     suffix = path.name.removeprefix("version_")
     return int(suffix) if suffix.isdigit() else -1
@@ -135,23 +179,86 @@ def collect_runs(root: str | Path) -> list[RunResult]:
     for run_dir in run_dirs:
         groups: dict[tuple, list[Path]] = {}
         settings: dict[tuple, dict[str, Any]] = {}
+        configs: dict[tuple, dict[str, Any]] = {}
         for version in sorted(run_dir.glob("version_*"), key=_version_number):
             if not (version / "config.yaml").is_file():
                 continue
-            setting = run_setting(yaml.safe_load((version / "config.yaml").read_text()) or {})
-            key = tuple(sorted(setting.items()))
+            config = yaml.safe_load((version / "config.yaml").read_text()) or {}
+            setting = run_setting(config)
+            seeds = _flatten(config)
+            key = (tuple(sorted(setting.items())), tuple(repr(seeds.get(k)) for k in SEED_KEYS))
             groups.setdefault(key, []).append(version)
-            settings[key] = setting
+            settings[key], configs[key] = setting, config
         for key, versions in groups.items():
-            by_round: dict[int, float] = {}
+            points: dict[str, dict[int, float]] = {}
             for version in versions:
-                rounds, values = load_scalars(version).get(EMA_TAG, (np.zeros(0, np.int64), np.zeros(0)))
-                by_round.update(zip(rounds.tolist(), values.tolist()))
-            ordered = sorted(by_round)
-            ema = 100.0 * np.array([by_round[r] for r in ordered])
-            runs.append(RunResult(run_dir, tuple(v.name for v in versions), settings[key],
-                                  np.array(ordered, dtype=np.int64), ema))
+                for tag, (rounds, values) in load_scalars(version).items():
+                    points.setdefault(tag, {}).update(zip(rounds.tolist(), values.tolist()))
+            curves = {tag: (np.array(sorted(p), dtype=np.int64), np.array([p[r] for r in sorted(p)]))
+                      for tag, p in points.items()}
+            rounds, ema = curves.get(EMA_TAG, (np.zeros(0, np.int64), np.zeros(0)))
+            runs.append(RunResult(run_dir, tuple(v.name for v in versions), settings[key], rounds,
+                                  100.0 * ema, configs[key], curves))
     return runs
+
+
+def seed_groups(runs: Sequence[RunResult]) -> list[list[RunResult]]:
+    """Runs that differ only in seeds (same ``experiment_key``), in the order of their first run."""
+    groups: dict[tuple, list[RunResult]] = {}
+    for run in runs:
+        groups.setdefault(experiment_key(run.config), []).append(run)
+    return list(groups.values())
+
+
+def _seed_label(runs: Sequence[RunResult], key: str) -> str:
+    values = sorted({str(r.seeds[key]) for r in runs})
+    return ",".join(values)
+
+
+def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_SEED_TAGS) -> list[str]:
+    """The "Seeds" section: per experiment, per tag, mean ± std over its runs, n and the 95% interval.
+
+    Values are in % for tags of accuracies (``.../acc...``), as logged otherwise; each at the last round
+    every run of the experiment logged the tag (``@`` that round).
+    """
+    out = ["## Seeds", "",
+           "Runs that differ only in seeds, grouped: mean ± sample std over the runs, n, and the 95% "
+           "interval of the mean (Student t), each at the last round all the runs logged (@). Accuracies "
+           "in %.", ""]
+    groups = [g for g in seed_groups(runs) if any(r.curves for r in g)]
+    if not groups:
+        return out + ["No runs with logged scalars.", ""]
+    header = ["Experiment", "Method", "Server", "n", "seeds (init / sampling / split)"]
+    for tag in tags:
+        header += [f"{tag} mean ± std", f"{tag} 95% CI"]
+    out += ["| " + " | ".join(header) + " |", "|:--|:--|:--|--:|:--|" + "--:|--:|" * len(tags)]
+    for group in groups:
+        s = group[0].setting
+        paths = sorted({str(r.path.parent if r.path.name.startswith("seed") else r.path) for r in group})
+        seeds = " / ".join(_seed_label(group, k) for k in SEED_KEYS)
+        cells = [_md(", ".join(paths)), _md(s["method"]), _md(s["server"]), str(len(group)), seeds]
+        for tag in tags:
+            cells += _seed_cells(group, tag)
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
+def _seed_cells(group: Sequence[RunResult], tag: str) -> list[str]:
+    curves = [r.curves.get(tag) for r in group]
+    if any(c is None or not len(c[0]) for c in curves):
+        return ["", ""]
+    common = curves[0][0]
+    for rounds, _ in curves[1:]:
+        common = np.intersect1d(common, rounds)
+    if not len(common):
+        return ["", ""]
+    at = int(common[-1])
+    scale = 100.0 if "acc" in tag.rsplit("/", 1)[-1] else 1.0
+    summary = summarize_seeds([float(values[np.searchsorted(rounds, at)]) for rounds, values in curves])
+    ci = "" if summary.n < 2 else \
+        f"[{scale * (summary.mean - summary.ci95):.2f}, {scale * (summary.mean + summary.ci95):.2f}]"
+    return [f"{summary.format(scale)} @{at}", ci]
 
 
 def _matches(setting: dict[str, Any], required: dict[str, Any]) -> bool:
@@ -240,8 +347,10 @@ def _render_table(table: dict[str, Any], shown: dict[tuple, RunResult]) -> list[
     return out
 
 
-def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = None, title: str = "") -> str:
-    """The markdown report: the paper's tables with our rows, then every run found and where it went."""
+def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = None, title: str = "",
+                  seed_tags: Sequence[str] = DEFAULT_SEED_TAGS) -> str:
+    """The markdown report: the paper's tables with our rows, the seeds table, then every run found and
+    where it went."""
     paper = load_paper_results() if paper is None else paper
     tables = paper["tables"]
     shown = _assign(tables, list(runs))
@@ -255,6 +364,7 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
            "earlier; the value is at its last round (see Runs). Empty: no finished round for that cell.", ""]
     for table in tables:
         out += _render_table(table, shown)
+    out += render_seed_table(runs, seed_tags)
     out += ["## Runs", ""]
     if not runs:
         out += ["No runs found (a run is a folder of `version_*` folders holding `config.yaml`).", ""]
@@ -275,15 +385,17 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """``fedrcl report RUNS_DIR [--out FILE]``."""
+    """``fedrcl report RUNS_DIR [--out FILE] [--tags TAG ...]``."""
     parser = argparse.ArgumentParser(
         prog="fedrcl report", description="Markdown tables of our runs beside the FedRCL paper's numbers.")
     parser.add_argument("runs_dir", metavar="RUNS_DIR", help="folder holding the runs (a logger's save_dir)")
     parser.add_argument("--out", help="write the markdown here instead of printing it")
+    parser.add_argument("--tags", nargs="+", default=list(DEFAULT_SEED_TAGS),
+                        help="scalars summarised over seeds in the Seeds section (default: %(default)s)")
     args = parser.parse_args(argv)
     if not Path(args.runs_dir).is_dir():
         parser.error(f"RUNS_DIR {args.runs_dir} is not a folder")
-    text = render_report(collect_runs(args.runs_dir), title=args.runs_dir)
+    text = render_report(collect_runs(args.runs_dir), title=args.runs_dir, seed_tags=args.tags)
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")
     else:

@@ -126,6 +126,18 @@ class FedProc(FedAvg):
             s, c = class_feature_sums(z, dm.y_train[idx], dm.num_classes)
             sums, counts = (s, c) if sums is None else (sums + s, counts + c)
         self.prototype_server.report(sums, counts)
+        self._report = {"sums": sums, "counts": counts}
+
+    def extra_download(self, client: ClientContext) -> dict[str, Tensor]:
+        """Sent to a client besides the weights (for the byte count): the prototypes, once there are any."""
+        server = self.prototype_server
+        if server.prototypes is None:
+            return {}
+        return {"prototypes": server.prototypes, "available": server.available}
+
+    def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:
+        """Sent by a client besides its weights: its last report (class feature sums and counts)."""
+        return self._report
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)

@@ -15,6 +15,11 @@ for ``ddp`` or ``auto``) each process trains its share of the round's sampled cl
 per step; the clients' weighted sums meet in one all-reduce per tensor at the round's end, and every
 process runs the same server step on the same mean. Lightning's plain DDP cannot run this loop: it would
 average the gradients of different clients at every step, and hang when their step counts differ.
+
+At each client's end, before aggregation, every trainer callback with a method
+``on_client_end(trainer, pl_module, client, local_state)`` is called with the client's ``ClientContext``
+and its local weights (e.g. ``fedrcl.analysis.ClientEvaluation``). ``ledger``
+(``fedrcl.federated.communication``) counts the bytes sent and splits each round's wall time.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from torch import Tensor
 
 from fedrcl.federated.aggregation import WeightedSum
 from fedrcl.federated.batched import ClientBatching, StackedClients
+from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.context import ClientContext
 from fedrcl.federated.divergence import DivergenceError, all_finite, client_failure, divergence_message
 from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
@@ -88,6 +94,7 @@ class Federation(L.Callback):
         self._changes: dict[str, list[Any]] = {}
         self.batching = client_batching or ClientBatching("off")
         self.stacked: Optional[StackedClients] = None  # the round's clients, while they train batched
+        self.ledger = RoundLedger()
 
     # -- planning -----------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -134,6 +141,8 @@ class Federation(L.Callback):
 
     # -- the round ----------------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log_ledger(trainer)
+        self.ledger.start_round(trainer.current_epoch)
         self._started = time.perf_counter()
         self._global = snapshot(pl_module.backbone)
         self._sent = self.server.broadcast(self._global)
@@ -171,23 +180,32 @@ class Federation(L.Callback):
         if not slot.last_step_of_client:
             return
         if plan.batched:  # every client of the stack ends at this step
-            self.stacked.finish(lambda client: self._fold(pl_module, client))
+            self.stacked.finish(lambda client: self._fold(trainer, pl_module, client))
             self.stacked = None
         else:
             pl_module.on_client_end(self._client)
-            self._fold(pl_module, self._client)
+            self._fold(trainer, pl_module, self._client)
         self._loss_sum = None
         if batch_idx == plan.total_steps - 1:
-            self._finish_round(trainer, pl_module)
+            self.ledger.trained()
+            with self.ledger.timed("aggregation"):
+                self._finish_round(trainer, pl_module)
 
-    def _fold(self, pl_module: L.LightningModule, client: ClientContext) -> None:
-        """Check a client that just finished for divergence and add its weights to the round's sum (its weights
-        are in the backbone; a batched round's summed loss is checked with each of its clients)."""
+    def _fold(self, trainer: L.Trainer, pl_module: L.LightningModule, client: ClientContext) -> None:
+        """A client has finished (its weights are in the backbone): check it for divergence, count its bytes,
+        give it to the callbacks' ``on_client_end`` and add it to the round's sum. A batched round's summed
+        loss is checked with each of its clients."""
         weights = pl_module.backbone.state_dict()
         failure = client_failure(self._loss_sum, weights)
         if failure is not None:
             self._failures[client.client_id] = failure
-        self._sum.add(weights, weight=float(client.num_samples))
+        self.ledger.count_client(self._sent, weights, pl_module, self.server, client)
+        with self.ledger.timed("evaluation"):
+            for callback in trainer.callbacks:
+                if callback is not self and hasattr(callback, "on_client_end"):
+                    callback.on_client_end(trainer, pl_module, client, weights)
+        with self.ledger.timed("aggregation"):
+            self._sum.add(weights, weight=float(client.num_samples))
 
     def _finish_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         hint = "Lower model.init_args.lr or set model.init_args.grad_clip_norm; --ckpt_path last resumes " \
@@ -202,13 +220,33 @@ class Federation(L.Callback):
                                   f"({type(self.server).__name__}) gave non-finite global weights. {hint}")
         load_state_(pl_module.backbone, new_global)
         self._global = self._sent = self._sum = None
+        reduce = process_sum(trainer)
+        self.ledger.totals(None if reduce is None else lambda n: int(reduce(
+            torch.tensor(float(n), dtype=torch.float64, device=pl_module.device))))
         pl_module.log("time/round_seconds", time.perf_counter() - self._started, on_step=False, on_epoch=True)
         pl_module.log("train/lr", pl_module.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True)
+
+    # -- the ledger: evaluation time, and each round's bytes and seconds logged once its wall time is known --
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._validation_started = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.ledger.add("evaluation", time.perf_counter() - self._validation_started)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log_ledger(trainer)
+
+    def _log_ledger(self, trainer: L.Trainer) -> None:
+        round_idx, metrics = self.ledger.metrics()
+        if round_idx is not None:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=round_idx + 1)
 
     # -- checkpoint ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"server": self.server.state_dict(), "fingerprint": self._fingerprint,
-                "segments": self.segments}
+                "segments": self.segments,
+                "ledger": self.ledger.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume: refuse a checkpoint whose fingerprint differs (except in ``allow_changes``); say which
@@ -230,6 +268,8 @@ class Federation(L.Callback):
         self.server.load_state_dict(state_dict["server"])
         self.segments = list(state_dict.get("segments", []))
         self._changes = {k: [a, b] for k, a, b in differences}
+        if "ledger" in state_dict:
+            self.ledger.load_state_dict(state_dict["ledger"])
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """After a resume with deliberate changes: a new segment, in the checkpoint and the logged hparams."""

@@ -1,0 +1,96 @@
+"""Statistics over seeds: mean, sample std, n and a 95% Student-t interval, for numbers and for curves.
+
+The runs of one experiment under several seeds (``fedrcl seeds``) differ only in client sampling, batches,
+augmentation and initialisation; their spread is the noise any comparison between methods must beat.
+The 95% interval is ``mean +- t_{0.975, n-1} * std / sqrt(n)`` with the sample std (ddof 1); the t
+quantiles are a table for 1-30 degrees of freedom and a Cornish-Fisher expansion beyond (error < 1e-5), so
+scipy is not needed.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedrcl.analysis.runs import Curve, load_scalars
+
+__all__ = ["SeedSummary", "seed_curves", "seed_runs", "summarize_seeds", "t_quantile"]
+
+# t_{0.975, df} for df = 1..30.
+_T975 = (12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252,
+         2.306004135, 2.262157163, 2.228138852, 2.200985160, 2.178812830, 2.160368656, 2.144786688,
+         2.131449546, 2.119905299, 2.109815578, 2.100922040, 2.093024054, 2.085963447, 2.079613845,
+         2.073873068, 2.068657610, 2.063898562, 2.059538553, 2.055529439, 2.051830516, 2.048407142,
+         2.045229642, 2.042272456)
+_Z975 = 1.959963984540054
+
+
+def t_quantile(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` >= 1 degrees of freedom (two-sided 95%)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+@dataclass(frozen=True)
+class SeedSummary:
+    """``mean``, sample ``std``, ``n`` and the 95% interval half-width ``ci95`` (both NaN for n = 1)."""
+
+    mean: float
+    std: float
+    n: int
+    ci95: float
+
+    def format(self, scale: float = 1.0, digits: int = 2) -> str:
+        """``"mean ± std"`` (``"mean"`` for one seed), each times ``scale``."""
+        if self.n < 2:
+            return f"{scale * self.mean:.{digits}f}"
+        return f"{scale * self.mean:.{digits}f} ± {scale * self.std:.{digits}f}"
+
+
+def summarize_seeds(values: Sequence[float]) -> SeedSummary:
+    """Mean, sample std (ddof 1), n and 95% t-interval half-width of one number measured under seeds."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or len(x) == 0:
+        raise ValueError(f"summarize_seeds needs a non-empty 1-d sequence, got shape {x.shape}")
+    n = len(x)
+    if n == 1:
+        return SeedSummary(float(x[0]), math.nan, 1, math.nan)
+    std = float(x.std(ddof=1))
+    return SeedSummary(float(x.mean()), std, n, t_quantile(n - 1) * std / math.sqrt(n))
+
+
+def seed_runs(path: str | Path) -> list[Path]:
+    """The runs of a seed folder (``fedrcl seeds`` writes ``<name>/seed<k>/version_*``), sorted by name;
+    ``[path]`` when ``path`` is itself one run (it holds ``version_*``) or an event file."""
+    path = Path(path)
+    if path.is_file() or any(path.glob("version_*")):
+        return [path]
+    runs = sorted(p for p in path.iterdir() if p.is_dir() and any(p.glob("version_*/events.*"))) \
+        if path.is_dir() else []
+    if not runs:
+        raise ValueError(f"{path} holds no run (version_* folders) and no seed runs (<seed>/version_*)")
+    return runs
+
+
+def seed_curves(runs: Sequence[str | Path], tag: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(rounds, values[n_runs, n_rounds])`` of ``tag`` at the rounds every run logged (ascending)."""
+    curves: list[Curve] = []
+    for run in runs:
+        scalars = load_scalars(run)
+        if tag not in scalars:
+            raise ValueError(f"run {run} has no scalar {tag!r}")
+        curves.append(scalars[tag])
+    common = curves[0][0]
+    for rounds, _ in curves[1:]:
+        common = np.intersect1d(common, rounds)
+    values = np.stack([vals[np.searchsorted(rounds, common)] for rounds, vals in curves])
+    return common, values
+

@@ -1,0 +1,149 @@
+"""Seeds as an axis: t quantiles, ``fedrcl seeds`` and the report's Seeds table, checked from event files."""
+from __future__ import annotations
+
+import itertools
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import ACCELERATOR, REPO
+from fedrcl.analysis import seed_curves, summarize_seeds, t_quantile
+from fedrcl.analysis.seed_stats import seed_runs
+from fedrcl.cli import main
+from fedrcl.report import collect_runs, experiment_key, render_seed_table
+from fedrcl.seeds import fit_args_for_seed, run_name
+
+
+def test_t_quantiles_against_published_values():
+    published = {1: 12.7062, 2: 4.3027, 4: 2.7764, 9: 2.2622, 29: 2.0452, 30: 2.0423, 31: 2.0395,
+                 40: 2.0211, 60: 2.0003, 120: 1.9799, 10 ** 6: 1.9600}
+    for df, value in published.items():
+        assert t_quantile(df) == pytest.approx(value, abs=1e-4), df
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_quantile(0)
+
+
+def test_summarize_seeds_by_hand():
+    s = summarize_seeds([1.0, 2.0, 3.0])
+    assert (s.mean, s.std, s.n) == (2.0, 1.0, 3)
+    assert s.ci95 == pytest.approx(4.302652730 / math.sqrt(3))
+    assert s.format(scale=10) == "20.00 ± 10.00"
+    one = summarize_seeds([0.5])
+    assert one.n == 1 and math.isnan(one.std) and one.format() == "0.50"
+
+
+def test_each_seed_gets_its_seeds_and_its_run_name():
+    named = {"trainer": {"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                                    "init_args": {"save_dir": "runs", "name": "quickstart"}}}}
+    assert run_name(named) == ("runs", "quickstart", "lightning.pytorch.loggers.TensorBoardLogger")
+    assert fit_args_for_seed(["--config", "x.yaml"], named, 2) == [
+        "--config", "x.yaml", "--seed_everything", "2", "--trainer.seed", "2",
+        "--trainer.logger.init_args.name", "quickstart/seed2"]
+    assert fit_args_for_seed([], named, 1, vary_split=True)[4:6] == ["--data.seed", "1"]
+    default = fit_args_for_seed([], {"trainer": {"logger": None}}, 3)  # fedrcl's default logger: runs/fedrcl
+    assert default[-1].startswith("--trainer.logger=") and '"name": "fedrcl/seed3"' in default[-1]
+    with pytest.raises(ValueError, match="trainer.logger"):
+        run_name({"trainer": {"logger": False}})
+
+
+def test_seed_bookkeeping_keys_do_not_make_another_experiment():
+    base = {"seed_everything": 0, "data": {"seed": 0, "alpha": 0.1, "root": "data"},
+            "trainer": {"seed": 0, "rounds": 10, "logger": {"init_args": {"name": "a/seed0"}}},
+            "model": {"init_args": {"lr": 0.1}}}
+    other = yaml.safe_load(yaml.safe_dump(base))
+    other.update(seed_everything=1)
+    other["trainer"].update(seed=1, rounds=20, logger={"init_args": {"name": "a/seed1"}})
+    other["data"].update(seed=1, root="elsewhere")
+    assert experiment_key(base) == experiment_key(other)
+    other["model"]["init_args"]["lr"] = 0.05
+    assert experiment_key(base) != experiment_key(other)
+
+
+def fit_args(data_root: Path, save_dir: Path, model: str) -> list[str]:
+    return ["--config", str(REPO / "configs" / "quickstart.yaml"), "--model", model,
+            "--data.root", str(data_root), "--data.num_clients", "10", "--trainer.accelerator", ACCELERATOR,
+            "--trainer.logger.init_args.save_dir", str(save_dir),
+            "--trainer.logger.init_args.name", model.rsplit(".", 1)[1],
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+            "--trainer.rounds", "2", "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3"]
+
+
+def events(run: Path, tag: str) -> dict[int, float]:
+    """``{round: value}`` of ``tag``, read straight from the run's event file."""
+    (version,) = run.glob("version_*")
+    acc = EventAccumulator(str(version))
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(tag)}
+
+
+def seeds_rows(markdown: str) -> dict[str, list[str]]:
+    after = itertools.dropwhile(lambda line: not line.startswith("|"), markdown.splitlines())
+    lines = list(itertools.takewhile(lambda line: line.startswith("|"), after))
+    rows = ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])
+    return {cells[1]: cells for cells in rows}
+
+
+@pytest.mark.slow
+def test_three_seeds_of_two_methods_and_their_report(data_root, tmp_path, capsys):
+    torch.set_num_threads(1)
+    for model in ("fedrcl.algorithms.FedAvg", "fedrcl.algorithms.FedRCL"):
+        main(["seeds", "--seeds", "0", "1", "2", *fit_args(data_root, tmp_path, model)])
+    for method in ("FedAvg", "FedRCL"):
+        runs = seed_runs(tmp_path / method)
+        assert [r.name for r in runs] == ["seed0", "seed1", "seed2"]
+        for k, run in enumerate(runs):
+            config = yaml.safe_load(next(run.glob("version_*/config.yaml")).read_text())
+            seeds = config["seed_everything"], config["trainer"]["seed"], config["data"]["seed"]
+            assert seeds == (k, k, 0)
+        splits = {next(r.glob("version_*/split.json")).read_text() for r in runs}
+        assert len(splits) == 1  # data.seed stays fixed: one split
+        curves = [events(r, "val/acc") for r in runs]
+        assert len({tuple(c.values()) for c in curves}) > 1  # the seeds change the run
+
+    capsys.readouterr()
+    markdown = "\n".join(render_seed_table(collect_runs(tmp_path)))
+    rows = seeds_rows(markdown)
+    assert set(rows) == {"FedAvg", "FedRCL"}
+    for method, cells in rows.items():
+        assert cells[3] == "3" and cells[4] == "0,1,2 / 0,1,2 / 0"
+        for column, tag in ((5, "val/acc_ema"), (7, "val/acc")):
+            values = 100 * np.array([events(r, tag)[2] for r in seed_runs(tmp_path / method)])
+            mean, std = values.mean(), values.std(ddof=1)
+            half = 4.302652730 * std / math.sqrt(3)  # t_{0.975, 2}
+            assert cells[column] == f"{mean:.2f} ± {std:.2f} @2"
+            assert cells[column + 1] == f"[{mean - half:.2f}, {mean + half:.2f}]"
+    rounds, values = seed_curves(seed_runs(tmp_path / "FedAvg"), "val/acc")
+    assert rounds.tolist() == [1, 2] and values.shape == (3, 2)
+
+    main(["report", str(tmp_path), "--tags", "val/acc_ema", "comm/cumulative_bytes"])
+    out = capsys.readouterr().out
+    assert "## Seeds" in out and "comm/cumulative_bytes mean ± std" in out
+
+
+def test_repeated_seeds_are_an_error(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["seeds", "--seeds", "0", "0", "--config", str(REPO / "configs" / "quickstart.yaml")])
+    assert stop.value.code == 2 and "repeated" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_parallel_seeds_run_as_processes(data_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the children import this checkout's fedrcl
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = [a if a != "2" else "1" for a in fit_args(data_root, tmp_path, "fedrcl.algorithms.FedAvg")]
+    started = []
+    popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a[0]) or popen(*a, **k))
+    main(["seeds", "--seeds", "3", "4", "--parallel", "2", *args])
+    fits = [cmd for cmd in started if "fedrcl.cli" in cmd]
+    assert [cmd[:4] for cmd in fits] == [[sys.executable, "-m", "fedrcl.cli", "fit"]] * 2
+    for seed in (3, 4):
+        assert events(tmp_path / "FedAvg" / f"seed{seed}", "val/acc").keys() == {1}
+        assert "max_epochs=1" in (tmp_path / "FedAvg" / f"seed{seed}.log").read_text()
