@@ -217,8 +217,8 @@ def _build_cifar(name: str, root: Path, path: Path, download: bool) -> dict[str,
 
     cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
     archive = root / cls.filename
-    by_hand = (f"put {cls.filename} (from {cls.url}) in '{root}' and run again: it is checked and unpacked "
-               f"there, and nothing is fetched (add --data.download false to never try the network)")
+    by_hand = (f"put {cls.filename} from that address in '{root}' by hand and run again (it is checked and "
+               "unpacked there, nothing is fetched)")
     out: dict[str, np.ndarray] = {}
     for split, train in (("train", True), ("test", False)):
         try:  # an archive put in root by hand: torchvision checks its md5 and unpacks it, fetching nothing
@@ -227,10 +227,10 @@ def _build_cifar(name: str, root: Path, path: Path, download: bool) -> dict[str,
             if not (download or archive.is_file()):
                 raise DataUnavailableError(
                     f"{name} not found under '{root}' (no '{root / cls.base_folder}', no cache '{path}'): "
-                    f"set --data.download true to fetch it there, or {by_hand}") from None
+                    f"set --data.download true to fetch {cls.url} there, or {by_hand}") from None
             raise DataUnavailableError(
-                f"could not get {name}: fetching {cls.url} into '{root}' failed "
-                f"({type(e).__name__}: {e}). Without internet: {by_hand}") from None
+                f"could not get {name}: fetching {cls.url} into '{root}' failed ({type(e).__name__}: {e}). "
+                f"Without internet: {by_hand}; --data.download false never tries the network") from None
         out[f"x_{split}"] = np.ascontiguousarray(ds.data, dtype=np.uint8)
         out[f"y_{split}"] = np.asarray(ds.targets, dtype=np.int64)
         out["classes"] = np.asarray(list(ds.classes), dtype=str)
