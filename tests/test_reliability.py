@@ -81,17 +81,17 @@ def test_moon_killed_while_checkpointing_resumes_exactly(data_root, tmp_path, ru
     assert_same_state(full.model.state_dict(), resumed.model.state_dict())
 
 
-def test_disk_full_while_checkpointing_keeps_the_last_complete_checkpoint(data_root, tmp_path, monkeypatch):
+def test_disk_full_while_checkpointing_keeps_the_last_complete_checkpoint(data_root, run_dir, monkeypatch):
     import faults
 
     with monkeypatch.context() as patch:
         faults.install("enospc:last.ckpt:2", patch)
         with pytest.raises(OSError, match="No space left"):
-            run_cli(data_root, tmp_path, *EVERY_ROUND, rounds=3, model=FEDAVG)
-    folder = checkpoints(tmp_path)
+            run_cli(data_root, run_dir, *EVERY_ROUND, rounds=3, model=FEDAVG)
+    folder = checkpoints(run_dir)
     assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "round0000.ckpt", "round0001.ckpt"]
     assert read_checkpoint(folder / "last.ckpt")["epoch"] == 0  # not truncated: the previous one
-    resumed = run_cli(data_root, tmp_path, *EVERY_ROUND, "--ckpt_path", "last", rounds=3, model=FEDAVG)
+    resumed = run_cli(data_root, run_dir, *EVERY_ROUND, "--ckpt_path", "last", rounds=3, model=FEDAVG)
     assert Path(resumed.trainer.ckpt_path).name == "round0001.ckpt"
 
 

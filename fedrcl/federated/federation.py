@@ -7,7 +7,9 @@ algorithm's ``on_client_start`` (which resets its optimizer); at each local epoc
 client's last step call ``on_client_end`` and fold its weights into the running weighted sum
 (``aggregation``). After the round's last client the server step writes the new global weights into the
 model, before Lightning evaluates it and checkpoints it. Between rounds the model *is* the global model,
-so Lightning's checkpoint of the module holds the global weights.
+so Lightning's checkpoint of the module holds the global weights. A client with a non-finite summed loss
+or non-finite weights, or non-finite new global weights, stop the run before the round's checkpoint
+(``divergence``).
 
 With several processes (``fedrcl.federated.strategy.FederatedStrategy``, which ``FederatedTrainer`` picks
 for ``ddp`` or ``auto``) each process trains its share of the round's sampled clients
