@@ -40,8 +40,8 @@ def fit_two_processes(data_root: Path, save_dir: Path, *extra: str, rounds: int,
             "--trainer.rounds", str(rounds), "--trainer.local_epochs", "1", *FIVE_CLIENTS, *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     # A session of its own, so that a hang kills both processes (Lightning starts the second one).
-    proc = subprocess.Popen(args, cwd=save_dir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(args, cwd=save_dir.parent, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -69,7 +69,8 @@ def curve(events: EventAccumulator, tag: str) -> list[tuple[int, float]]:
 def test_two_processes_give_one_process_results(model, server, data_root, tmp_path):
     """Same final global weights (bitwise) and logged accuracy; train losses equal up to float rounding."""
     extra = ("--config", str(REPO / "configs" / "server" / f"{server}.yaml")) if server else ()
-    one = run_cli(data_root, tmp_path / "one", *FIVE_CLIENTS, *extra, rounds=3, model=f"fedrcl.algorithms.{model}")
+    one = run_cli(data_root, tmp_path / "one", *FIVE_CLIENTS, *extra, rounds=3,
+                  model=f"fedrcl.algorithms.{model}")
     fit_two_processes(data_root, tmp_path / "two", *extra, rounds=3, model=f"fedrcl.algorithms.{model}")
     ckpt, events = last_run(tmp_path / "two")
     assert ckpt["epoch"] == 2
@@ -85,7 +86,8 @@ def test_two_processes_give_one_process_results(model, server, data_root, tmp_pa
         assert curve(events, tag) == curve(expected, tag), tag
     for tag in ("train/loss", "train/loss_ce"):
         assert [s for s, _ in curve(events, tag)] == [1, 2, 3]
-        assert [v for _, v in curve(events, tag)] == pytest.approx([v for _, v in curve(expected, tag)], rel=1e-6)
+        expected_losses = [v for _, v in curve(expected, tag)]
+        assert [v for _, v in curve(events, tag)] == pytest.approx(expected_losses, rel=1e-6)
 
 
 @pytest.mark.slow
@@ -112,8 +114,11 @@ def test_moon_over_two_processes_resumes_as_one_process(data_root, tmp_path):
 
 
 # -- strategy selection ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("strategy, start_method", [("ddp", "popen"), ("auto", "popen"), ("ddp_spawn", "spawn"),
-                                                    ("federated", "popen"), ("federated_spawn", "spawn")])
+NAMES = [("ddp", "popen"), ("auto", "popen"), ("ddp_spawn", "spawn"), ("federated", "popen"),
+         ("federated_spawn", "spawn")]
+
+
+@pytest.mark.parametrize("strategy, start_method", NAMES)
 def test_ddp_and_auto_select_the_federated_strategy(strategy, start_method):
     trainer = FederatedTrainer(strategy=strategy, devices=2, accelerator="cpu", logger=False)
     assert type(trainer.strategy) is FederatedStrategy and trainer.world_size == 2

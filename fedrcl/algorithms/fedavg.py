@@ -147,7 +147,7 @@ class FedAvg(L.LightningModule):
         self._round_steps = 0
 
     def on_train_epoch_end(self) -> None:
-        # With several processes: sums and step counts of every process, so the mean is over all the round's steps.
+        # With several processes: the sums and step counts of all of them (a mean over all the round's steps).
         sums, steps = sum_over_processes(self.trainer, self._round_loss_sums, self._round_steps)
         self.log_dict({f"train/{k}": v / steps for k, v in sums.items()})
 

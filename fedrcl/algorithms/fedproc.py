@@ -100,8 +100,8 @@ class FedProc(FedAvg):
         return max(0.0, 1.0 - round_idx / (self.anneal_rounds or self.trainer.max_epochs))
 
     def on_train_epoch_end(self) -> None:
-        # At the round's end, before the checkpoint: with several processes the reports are summed over all of
-        # them here, so a checkpoint (rank 0's) holds the finished prototypes, not one process's pending reports.
+        # At the round's end, before the checkpoint: with several processes the reports are summed over all
+        # of them here, so rank 0's checkpoint holds finished prototypes, not its own pending reports.
         super().on_train_epoch_end()
         self.prototype_server.finish_round(process_sum(self.trainer))
 

@@ -246,7 +246,8 @@ class RoundBatches:
             yield from self.datamodule.client_batches(client_id, plan.round_idx, plan.local_epochs, seed)
 
 
-def eval_slices(num_samples: int, batch_size: int, rank: int = 0, world_size: int = 1) -> list[tuple[int, int]]:
+def eval_slices(num_samples: int, batch_size: int, rank: int = 0,
+                world_size: int = 1) -> list[tuple[int, int]]:
     """The ``(start, end)`` test-set batches that process ``rank`` of ``world_size`` evaluates.
 
     The test set is cut into batches of ``batch_size`` as on one process, and each process takes a
@@ -264,7 +265,7 @@ def eval_slices(num_samples: int, batch_size: int, rank: int = 0, world_size: in
 
 class EvalBatches:
     """The test set in order, normalised, in batches of ``eval_batch_size``; with several processes, this
-    process's share (``eval_slices``): metrics that sync over processes (torchmetrics) see every sample once."""
+    process's share (``eval_slices``), so that metrics synced over processes see every sample once."""
 
     def __init__(self, datamodule: FederatedDataModule):
         self.datamodule = datamodule

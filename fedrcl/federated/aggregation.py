@@ -21,7 +21,8 @@ class WeightedSum:
     """
 
     def __init__(self, like: Mapping[str, Tensor]):
-        self.total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in like.items() if v.is_floating_point()}
+        self.total = {k: torch.zeros_like(v, dtype=torch.float64)
+                      for k, v in like.items() if v.is_floating_point()}
         self.dtypes = {k: like[k].dtype for k in self.total}
         self.weight = 0.0
 

@@ -65,8 +65,8 @@ class FederatedStrategy(DDPStrategy):
 
     def setup(self, trainer: L.Trainer) -> None:
         if self._layer_sync is not None:
-            raise ValueError("trainer.sync_batchnorm synchronises the batch statistics of different clients at "
-                             "every step; federated clients are independent: set it to false")
+            raise ValueError("trainer.sync_batchnorm synchronises the batch statistics of different clients "
+                             "at every step; federated clients are independent: set it to false")
         # Lightning (>= 2.5, #20825) broadcasts rank 0's SIGTERM flag at every training step. Processes here
         # run different step counts, so that broadcast would pair with another process's round-end all-reduce
         # and hang (and it is a host sync per step). A SIGTERM still stops the process that receives it.
@@ -84,8 +84,8 @@ class FederatedStrategy(DDPStrategy):
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
         for name, start_method in _FEDERATED.items():
-            strategy_registry.register(name, cls, description=f"federated rounds over processes, '{start_method}'",
-                                       override=True, start_method=start_method)
+            strategy_registry.register(name, cls, override=True, start_method=start_method,
+                                       description=f"federated rounds, start method {start_method}")
 
 
 FederatedStrategy.register_strategies(StrategyRegistry)
@@ -101,24 +101,25 @@ def federated_ddp_names() -> Iterator[None]:
     saved = {name: StrategyRegistry[name] for name in _LIGHTNING_DDP}
     try:
         for name, start_method in _LIGHTNING_DDP.items():
-            StrategyRegistry.register(name, FederatedStrategy, description=f"federated rounds, '{start_method}'",
-                                      override=True, start_method=start_method)
+            StrategyRegistry.register(name, FederatedStrategy, override=True, start_method=start_method,
+                                      description=f"federated rounds, start method {start_method}")
         yield
     finally:
         StrategyRegistry.update(saved)
 
 
 def check_federated_strategy(strategy: Strategy) -> None:
-    """Stop with a clear error if ``strategy`` runs several processes without being a ``FederatedStrategy``."""
+    """Stop with a clear error if ``strategy`` runs several processes but is no ``FederatedStrategy``."""
     if isinstance(strategy, ParallelStrategy) and not isinstance(strategy, FederatedStrategy):
         raise ValueError(
-            f"trainer.strategy {type(strategy).__name__} would synchronise the gradients of different clients at "
-            "every step; use trainer.strategy ddp (or federated, ddp_spawn, federated_spawn), which fedrcl runs "
-            "as fedrcl.federated.strategy.FederatedStrategy")
+            f"trainer.strategy {type(strategy).__name__} would synchronise the gradients of different "
+            "clients at every step; use trainer.strategy ddp (or federated, ddp_spawn, federated_spawn), "
+            "which fedrcl runs as fedrcl.federated.strategy.FederatedStrategy")
 
 
 def all_reduce_sum(tensor: Tensor) -> Tensor:
-    """``tensor`` summed over all processes, in place: one all-reduce (Lightning's ``reduce`` adds a barrier)."""
+    """``tensor`` summed over all processes, in place, in one all-reduce (Lightning's ``reduce`` adds a
+    barrier before it)."""
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
