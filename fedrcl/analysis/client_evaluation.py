@@ -85,10 +85,10 @@ class ClientEvaluation(L.Callback):
     heavily shared 2-core machine): one pass over 10000 test images costs 0.38 of a CPU-scale training round
     (5 clients x 50 steps of batch 50), so with the whole test set a measured round with 5 clients costs 2.3
     training rounds (+46% at ``every_n_rounds=5``); with the default 2000 images, 0.53 rounds (+11%); 1000
-    images at ``every_n_rounds=10`` would be about +3%. Evaluation changes no weights and draws no random numbers, so the
-    training curve is the same with and without it. The local models come from the federation's client-end
-    point (``on_client_end(trainer, pl_module, client, local_state)``), so any round loop that calls it per
-    client works (e.g. one training all clients at once).
+    images at ``every_n_rounds=10`` would be about +3%. Evaluation changes no weights and draws no random
+    numbers, so the training curve is the same with and without it. The local models come from the
+    federation's client-end point (``on_client_end(trainer, pl_module, client, local_state)``), so any round
+    loop that calls it per client works (e.g. one training all clients at once).
 
     Args:
         every_n_rounds: measure after every this many rounds.
