@@ -2,7 +2,11 @@
 # FedAvg vs FedRCL over 3 seeds at CPU scale (small CNN, CIFAR-10 alpha 0.1, 200 rounds), with per-client
 # evaluation every 5 rounds: the runs, the report (mean ± std, n, 95% interval; per-client spread) and the
 # figure (mean curve, band of one std) for docs/results.md.
-# Usage: bench/cifar10_seeds.sh [METHOD...]        METHOD: fedavg fedrcl (default both) or fedscl
+# Usage: bench/cifar10_seeds.sh [METHOD...]        METHOD: fedavg fedrcl (default both) or fedscl; "report"
+#        only writes the report and the figure of every method already under SAVE_DIR. On 2 cores, one lane
+#        per method packs best (3 waves of 2 one-thread runs):
+#          PARALLEL=1 bench/cifar10_seeds.sh fedavg & PARALLEL=1 bench/cifar10_seeds.sh fedrcl & wait
+#          bench/cifar10_seeds.sh report
 # Environment (defaults in brackets):
 #   SEEDS ["0 1 2"]  PARALLEL [2: one 1-thread process per core]  CONFIG [configs/cpu/cifar10_a01_cnn.yaml]
 #   SAVE_DIR [runs/seeds]  OUT [docs/results_cnn_seeds] (report OUT.md, figure OUT.png)  EXTRA_ARGS [none]
@@ -10,29 +14,29 @@
 # EXTRA_ARGS="--ckpt_path last" (each seed resumes its own last.ckpt).
 # Smoke test at tiny size (digits, 2 rounds, a few seconds per run):
 #   CONFIG=configs/quickstart.yaml SAVE_DIR=/tmp/seeds_smoke OUT=/tmp/seeds_smoke/report \
-#     EXTRA_ARGS="--trainer.rounds 2 --trainer.local_epochs 1 --data.num_clients 10 --trainer.clients_per_round 3 \
-#     --trainer.callbacks.init_args.every_n_rounds 1" bench/cifar10_seeds.sh
+#     EXTRA_ARGS="--trainer.rounds 2 --trainer.local_epochs 1 --data.num_clients 10 \
+#     --trainer.clients_per_round 3 --trainer.callbacks.init_args.every_n_rounds 1" bench/cifar10_seeds.sh
 set -euo pipefail
 config=${CONFIG:-configs/cpu/cifar10_a01_cnn.yaml}
 save_dir=${SAVE_DIR:-runs/seeds}
 out=${OUT:-docs/results_cnn_seeds}
 base=$(basename "$config" .yaml)
 methods=("$@"); [[ ${#methods[@]} -gt 0 ]] || methods=(fedavg fedrcl)
-labels=()
+declare -A models=([fedavg]=FedAvg [fedrcl]=FedRCL [fedscl]=FedSCL)
 for method in "${methods[@]}"; do
-  case $method in
-    fedavg) model=FedAvg ;;
-    fedrcl) model=FedRCL ;;
-    fedscl) model=FedSCL ;;
-    *) echo "unknown method $method (fedavg, fedrcl, fedscl)" >&2; exit 2 ;;
-  esac
+  [[ $method == report ]] && continue
+  model=${models[$method]:-}
+  [[ -n $model ]] || { echo "unknown method $method (fedavg, fedrcl, fedscl, report)" >&2; exit 2; }
   # shellcheck disable=SC2086  # SEEDS and EXTRA_ARGS are word lists
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} fedrcl seeds --seeds ${SEEDS:-0 1 2} --parallel "${PARALLEL:-2}" \
     --config "$config" --model "fedrcl.algorithms.$model" \
     --trainer.logger.init_args.save_dir "$save_dir" --trainer.logger.init_args.name "${base}_$method" \
     --trainer.callbacks+=fedrcl.analysis.ClientEvaluation --trainer.callbacks.init_args.every_n_rounds 5 \
     ${EXTRA_ARGS:-}
-  labels+=("$model=$save_dir/${base}_$method")
+done
+labels=()
+for method in fedavg fedscl fedrcl; do
+  [[ -d $save_dir/${base}_$method ]] && labels+=("${models[$method]}=$save_dir/${base}_$method")
 done
 mkdir -p "$(dirname "$out")"
 fedrcl report "$save_dir" --out "$out.md" --tags val/acc_ema val/acc clients/global_mix_acc_mean \

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -121,7 +122,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     """``fedrcl seeds --seeds K [K ...] [--parallel N] [--vary_split] FIT_ARGS...``."""
     parser = argparse.ArgumentParser(
         prog="fedrcl seeds", usage="fedrcl seeds --seeds K [K ...] [--parallel N] [--vary_split] FIT_ARGS...",
-        description=__doc__.split("\n\n", 1)[0].strip().removeprefix("``fedrcl seeds``: "),
+        description="One `fedrcl fit` per seed, each in its own run folder <name>/seed<k>.",
         epilog="Any other argument goes to every `fedrcl fit` (see `fedrcl fit --help`).")
     parser.add_argument("--seeds", type=int, nargs="+", required=True, help="the seeds, e.g. 0 1 2")
     parser.add_argument("--parallel", type=int, default=1,
@@ -130,6 +131,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--vary_split", action="store_true",
                         help="also set data.seed (the client split) to each seed; fixed otherwise")
     args, fit_args = parser.parse_known_args(argv)
+    # LightningCLI warns when given args while sys.argv holds others: here that is the point.
+    warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter.*")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds has repeated seeds: {args.seeds}")
     if args.parallel < 1:
