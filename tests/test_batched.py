@@ -8,7 +8,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import run_cli
-from fedrcl.federated.batched import ClientBatching, clip_grad_norm_
+from fedrcl.federated.batched import ClientBatching, clip_grad_norm_, stack_clients
 
 RESNET8 = ("--model.init_args.backbone", "fedrcl.models.ResNet18",
            "--model.init_args.backbone.init_args.width", "8")
@@ -102,3 +102,27 @@ def test_per_client_clip_matches_torch_clip():
         for got, p in zip(clipped, params):
             torch.testing.assert_close(got[k], p.grad)
     assert torch.linalg.vector_norm(torch.cat([g[0].flatten() for g in clipped])) == pytest.approx(5.0, rel=1e-5)
+
+
+def test_stack_clients_keeps_each_slice_in_the_memory_format():
+    w = torch.randn(4, 3, 5, 5).to(memory_format=torch.channels_last)
+    stacked = stack_clients(w, 2)
+    assert stacked.shape == (2, 4, 3, 5, 5) and torch.equal(stacked[1], w)
+    assert stacked[0].is_contiguous(memory_format=torch.channels_last)
+    assert stack_clients(torch.randn(3), 2).is_contiguous()
+
+
+def test_batched_step_runs_under_lightning_autocast(data_root, tmp_path, monkeypatch):
+    from fedrcl.algorithms import FedAvg
+
+    dtypes = []
+    original = FedAvg.client_loss
+    monkeypatch.setattr(FedAvg, "client_loss", lambda self, x, y, out: dtypes.append(out.logits.dtype)
+                        or original(self, x, y, out))
+    runs = {mode: run_cli(data_root, tmp_path / mode, "--trainer.client_batching", mode, "--trainer.precision",
+                          "bf16-mixed", "--data.local_iters_per_epoch", "2", rounds=1, model="fedrcl.algorithms.FedAvg")
+            for mode in ("on", "off")}
+    assert runs["on"].trainer.federation.plan(0).batched
+    assert dtypes and set(dtypes) == {torch.bfloat16}  # autocast's dtype in both paths
+    losses = {mode: train_logs(Path(cli.trainer.logger.log_dir))["train/loss"] for mode, cli in runs.items()}
+    assert losses["on"] == pytest.approx(losses["off"], rel=2e-2)  # bf16 rounding apart

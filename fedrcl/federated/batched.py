@@ -74,6 +74,7 @@ class ClientBatching:
         self._noticed: set[str] = set()
         self._module: Optional[_LocalLoss] = None
         self._losses = None
+        self._low: Optional[torch.dtype] = None
         self.compile_seconds: Optional[float] = None
 
     def applies(self, pl_module: Any, plan: RoundPlan, datamodule: Any, device: torch.device) -> bool:
@@ -96,12 +97,22 @@ class ClientBatching:
 
     def losses(self, pl_module: nn.Module, params: dict[str, Tensor], client_tensors: dict[str, Tensor],
                x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weights (``params[n][k]``)."""
-        if self._module is None or self._module.algorithm is not pl_module:
-            self._module = _LocalLoss(pl_module)
+        """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weights (``params[n][k]``).
+
+        Under Lightning's mixed precision (``bf16-mixed``, ``16-mixed``) the weights and images enter the mapped
+        call in the autocast dtype: autocast does not reach inside ``vmap`` (torch 2.14, CPU checked), so the
+        batched forward runs wholly in that dtype (normalisations included, which autocast keeps in float32);
+        the weights, gradients and optimizer stay in float32, and the losses upcast where they did before.
+        """
+        device_type = x.device.type
+        low = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        if self._module is None or self._module.algorithm is not pl_module or self._low != low:
+            self._module, self._low = _LocalLoss(pl_module), low
             module = self._module
 
             def one_client(p: dict[str, Tensor], c: dict[str, Tensor], xb: Tensor, yb: Tensor):
+                if low is not None:
+                    p, xb = {name: w.to(low) for name, w in p.items()}, xb.to(low)
                 return functional_call(module, p, (c, xb, yb))
 
             self._losses = vmap(one_client, randomness="error")
@@ -119,6 +130,17 @@ class ClientBatching:
             self.compile_seconds = time.perf_counter() - start
             rank_zero_info(f"trainer.compile_clients: first batched step (compiling) took {self.compile_seconds:.1f} s")
         return out
+
+
+def stack_clients(tensor: Tensor, num_clients: int) -> Tensor:
+    """``num_clients`` copies of ``tensor`` on a new leading axis, each slice in ``tensor``'s memory format
+    (a channels_last model keeps channels_last weights per client)."""
+    if tensor.dim() == 4 and not tensor.is_contiguous() and tensor.is_contiguous(memory_format=torch.channels_last):
+        o, c, h, w = tensor.shape
+        out = tensor.new_empty((num_clients, o, h, w, c)).permute(0, 1, 4, 2, 3)
+    else:
+        out = tensor.new_empty((num_clients, *tensor.shape))
+    return out.copy_(tensor.unsqueeze(0).expand_as(out))
 
 
 def clip_grad_norm_(grads: list[Tensor], max_norm: float) -> None:
@@ -157,7 +179,7 @@ class StackedClients:
                 values.append(getattr(pl_module, name))
         self.client_tensors = {name: torch.stack(values) for name, values in per_client.items()}
         k = len(self.contexts)
-        self.params = {name: sent[name].detach().unsqueeze(0).repeat(k, *([1] * sent[name].dim())).requires_grad_()
+        self.params = {name: stack_clients(sent[name].detach(), k).requires_grad_()
                        for name, _ in pl_module.backbone.named_parameters()}
         (self.optimizer,) = trainer.optimizers
         (group,) = self.optimizer.param_groups
