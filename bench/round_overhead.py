@@ -6,7 +6,7 @@ averaging; FedAvg (cross-entropy) and FedRCL (cross-entropy + relaxed contrastiv
 Framework and raw rounds alternate in one process; the first round of each block is a warm-up. Prints the
 median seconds per round of each and, last, ``overhead_ratio=<framework/raw>`` over both methods.
 
-    python bench/round_overhead.py [--device cpu|cuda] [--blocks 4] [--rounds 3] [--client-batching auto|on|off]
+    python bench/round_overhead.py [--device cpu|cuda] [--blocks 4] [--rounds 3] [--client-batching on|off]
 """
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ def framework_rounds(method: type, root: Path, device: str, rounds: int, client_
     model = method(backbone=SmallCNN, num_classes=10)
     trainer = FederatedTrainer(rounds=rounds, clients_per_round=5, local_epochs=5, eval_every=10 ** 6,
                                client_batching=client_batching, accelerator=device, devices=1, logger=False,
-                               enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                               limit_val_batches=0, callbacks=[timer])
+                               enable_checkpointing=False, enable_progress_bar=False,
+                               enable_model_summary=False, limit_val_batches=0, callbacks=[timer])
     trainer.fit(model, datamodule=dm)
     return timer.seconds[1:]
 

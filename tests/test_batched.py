@@ -17,7 +17,8 @@ RESNET8 = ("--model.init_args.backbone", "fedrcl.models.ResNet18",
 def train_logs(log_dir: Path) -> dict[str, list[float]]:
     acc = EventAccumulator(str(log_dir))
     acc.Reload()
-    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"] if tag.startswith("train/")}
+    tags = [tag for tag in acc.Tags()["scalars"] if tag.startswith("train/")]
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in tags}
 
 
 def fit(data_root, save_dir, mode, model, *extra, precision="64-true"):
@@ -40,7 +41,7 @@ def assert_equal_runs(a, b, rtol=1e-5):
         assert lb[tag] == pytest.approx(values, rel=rtol, abs=rtol / 100), tag
 
 
-@pytest.mark.parametrize("model", ["fedrcl.algorithms.FedAvg", "fedrcl.algorithms.FedRCL", "fedrcl.algorithms.FedNTD"])
+@pytest.mark.parametrize("model", [f"fedrcl.algorithms.{name}" for name in ("FedAvg", "FedRCL", "FedNTD")])
 @pytest.mark.parametrize("backbone", ["cnn", "resnet8"])
 def test_batched_clients_equal_sequential(data_root, tmp_path, model, backbone):
     extra = RESNET8 if backbone == "resnet8" else ()
@@ -82,7 +83,8 @@ def test_moon_and_unequal_clients_fall_back_with_a_notice(data_root, tmp_path, c
 
 
 def test_auto_is_sequential_on_cpu_and_bad_mode_is_an_error(data_root, tmp_path):
-    cli = run_cli(data_root, tmp_path, "--data.local_iters_per_epoch", "2", rounds=1, model="fedrcl.algorithms.FedAvg")
+    cli = run_cli(data_root, tmp_path, "--data.local_iters_per_epoch", "2", rounds=1,
+                  model="fedrcl.algorithms.FedAvg")
     assert cli.trainer.federation.batching.mode == "auto" and not cli.trainer.federation.plan(0).batched
     with pytest.raises(ValueError, match="client_batching"):
         ClientBatching("always")
@@ -101,7 +103,8 @@ def test_per_client_clip_matches_torch_clip():
         torch.nn.utils.clip_grad_norm_(params, 5.0)
         for got, p in zip(clipped, params):
             torch.testing.assert_close(got[k], p.grad)
-    assert torch.linalg.vector_norm(torch.cat([g[0].flatten() for g in clipped])) == pytest.approx(5.0, rel=1e-5)
+    client0 = torch.cat([g[0].flatten() for g in clipped])
+    assert torch.linalg.vector_norm(client0) == pytest.approx(5.0, rel=1e-5)
 
 
 def test_stack_clients_keeps_each_slice_in_the_memory_format():
@@ -120,7 +123,8 @@ def test_batched_step_runs_under_lightning_autocast(data_root, tmp_path, monkeyp
     monkeypatch.setattr(FedAvg, "client_loss", lambda self, x, y, out: dtypes.append(out.logits.dtype)
                         or original(self, x, y, out))
     runs = {mode: run_cli(data_root, tmp_path / mode, "--trainer.client_batching", mode, "--trainer.precision",
-                          "bf16-mixed", "--data.local_iters_per_epoch", "2", rounds=1, model="fedrcl.algorithms.FedAvg")
+                          "bf16-mixed", "--data.local_iters_per_epoch", "2", rounds=1,
+                          model="fedrcl.algorithms.FedAvg")
             for mode in ("on", "off")}
     assert runs["on"].trainer.federation.plan(0).batched
     assert dtypes and set(dtypes) == {torch.bfloat16}  # autocast's dtype in both paths

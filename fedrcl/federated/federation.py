@@ -55,7 +55,8 @@ class Federation(L.Callback):
     """
 
     def __init__(self, clients_per_round: Optional[int], participation: Optional[float], local_epochs: int,
-                 server: Optional[ServerOptimizer], seed: int, client_batching: Optional[ClientBatching] = None):
+                 server: Optional[ServerOptimizer], seed: int,
+                 client_batching: Optional[ClientBatching] = None):
         if (clients_per_round is None) == (participation is None):
             raise ValueError("set exactly one of trainer.clients_per_round and trainer.participation")
         if participation is not None and not 0 < participation <= 1:
@@ -107,7 +108,8 @@ class Federation(L.Callback):
                 num_samples=tuple(dm.client_num_samples(k) for k in mine),
                 steps_per_epoch=tuple(dm.client_steps_per_epoch(k) for k in mine),
                 local_epochs=self.local_epochs)
-            batched = self.batching.applies(trainer.lightning_module, self._plan, dm, trainer.strategy.root_device)
+            device = trainer.strategy.root_device
+            batched = self.batching.applies(trainer.lightning_module, self._plan, dm, device)
             self._plan = dataclasses.replace(self._plan, batched=batched)
         return self._plan
 
