@@ -130,3 +130,38 @@ def test_batched_step_runs_under_lightning_autocast(data_root, tmp_path, monkeyp
     assert dtypes and set(dtypes) == {torch.bfloat16}  # autocast's dtype in both paths
     losses = {mode: train_logs(Path(cli.trainer.logger.log_dir))["train/loss"] for mode, cli in runs.items()}
     assert losses["on"] == pytest.approx(losses["off"], rel=2e-2)  # bf16 rounding apart
+
+
+def test_compiled_batched_step_equals_eager(monkeypatch):
+    """torch.compile traces the whole mapped local loss (here with the cheap aot_eager backend, SmallCNN)."""
+    from types import SimpleNamespace
+
+    from fedrcl.algorithms import FedAvg
+    from fedrcl.federated import batched
+    from fedrcl.federated.context import ClientContext
+    from fedrcl.models import SmallCNN
+    from fedrcl.server import FedAvg as FedAvgServer
+
+    torch.manual_seed(0)
+    model = FedAvg(backbone=lambda c, i, s: SmallCNN(c, i, s, conv_padding=2), num_classes=10, in_channels=1,
+                   image_size=8)
+    monkeypatch.setattr(FedAvg, "trainer", property(
+        lambda self: SimpleNamespace(federation=SimpleNamespace(server=FedAvgServer()))))
+    monkeypatch.setattr(batched, "COMPILE_BACKEND", "aot_eager")
+    sent = {k: v.detach().clone() for k, v in model.backbone.state_dict().items()}
+    model.on_client_start = lambda client: None
+    model.client, model._params = ClientContext(0, 0, 10, 1, 0, sent), dict(model.backbone.named_parameters())
+    x, y = torch.randn(3, 8, 1, 8, 8), torch.randint(0, 10, (3, 8))
+
+    def step(compile):
+        params = {n: stack_clients(p.detach(), 3).requires_grad_() for n, p in model.backbone.named_parameters()}
+        losses, parts = ClientBatching("on", compile=compile).losses(model, params, {}, x, y)
+        losses.sum().backward()
+        return losses, parts["ce"], [p.grad for p in params.values()]
+
+    eager, compiled = step(False), step(True)
+    torch.testing.assert_close(compiled[0], eager[0])
+    torch.testing.assert_close(compiled[1], eager[1])
+    for a, b in zip(compiled[2], eager[2]):
+        torch.testing.assert_close(a, b)
+    assert model._params["fc.weight"] is model.backbone.fc.weight  # the mapped call put it back
