@@ -13,7 +13,8 @@ FLOPs of the round counted once with ``torch.utils.flop_counter``, over the seco
 the last line is ``speedup=<(a)/(c) for FedRCL>``. The paper's round:
 
     python bench/gpu_round.py --device cuda --precision bf16-mixed
-    python bench/gpu_round.py --device cpu --width 2 --clients 2 --steps 2 --batch 4 --test 64 --rounds 2 --warmup 1
+    python bench/gpu_round.py --device cpu --width 2 --clients 2 --steps 5 --batch 4 --test 64 --rounds 1 \
+        --warmup 0 --no-compile --methods FedRCL      # the test suite's smoke run
 """
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def write_fake_cifar(root: Path, train: int, test: int) -> None:
 
 
 def datamodule(args, root: Path) -> FederatedDataModule:
-    return FederatedDataModule(dataset="cifar10", root=str(root), num_clients=args.clients * 2, partition="iid",
-                               batch_size=args.batch, local_iters_per_epoch=args.steps // 5 or 1,
+    return FederatedDataModule(dataset="cifar10", root=str(root), num_clients=args.clients * 2,
+                               partition="iid", batch_size=args.batch, local_iters_per_epoch=args.steps // 5 or 1,
                                eval_batch_size=args.eval_batch)
 
 
@@ -172,6 +173,7 @@ def main() -> None:
     L.seed_everything(0, verbose=False)
     methods = {"FedAvg": (FedAvg, False), "FedRCL": (FedRCL, True)}
     print(f"ResNet-18-GN width {args.width}, {args.clients} clients x {args.steps} steps of batch {args.batch}, "
+          "
           f"{args.test} test images, {args.device}, {args.precision}, median of {args.rounds} rounds")
     speedup = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -187,9 +189,10 @@ def main() -> None:
             speedup[name] = raw / bat
             label = "batched" + ("" if args.no_compile else "+compiled")
             print(f"{name}: (a) raw {raw:.3f} s/round; (b) sequential {seq:.3f} s/round = {seq / raw:.2f} x (a); "
+                  "
                   f"(c) {label} {bat:.3f} s/round = {bat / raw:.2f} x (a)")
-            print(f"{name}: {flops / 1e9:.1f} GFLOP/round; TFLOP/s (a) {flops / raw / 1e12:.3f} "
-                  f"(b) {flops / seq / 1e12:.3f} (c) {flops / bat / 1e12:.3f}; compile "
+            print(f"{name}: {flops / 1e9:.3g} GFLOP/round; TFLOP/s (a) {flops / raw / 1e12:.3g} "
+                  f"(b) {flops / seq / 1e12:.3g} (c) {flops / bat / 1e12:.3g}; compile "
                   f"{'-' if compile_s is None else f'{compile_s:.1f}'} s")
     print(f"speedup={speedup.get('FedRCL', float('nan')):.2f}")
 

@@ -6,7 +6,7 @@ averaging; FedAvg (cross-entropy) and FedRCL (cross-entropy + relaxed contrastiv
 Framework and raw rounds alternate in one process; the first round of each block is a warm-up. Prints the
 median seconds per round of each and, last, ``overhead_ratio=<framework/raw>`` over both methods.
 
-    python bench/round_overhead.py [--device cpu|cuda] [--blocks 4] [--rounds 3]
+    python bench/round_overhead.py [--device cpu|cuda] [--blocks 4] [--rounds 3] [--client-batching on|off]
 """
 from __future__ import annotations
 
@@ -51,15 +51,15 @@ class RoundTimer(L.Callback):
         self.seconds.append(time.perf_counter() - self._start)
 
 
-def framework_rounds(method: type, root: Path, device: str, rounds: int) -> list[float]:
+def framework_rounds(method: type, root: Path, device: str, rounds: int, client_batching: str) -> list[float]:
     timer = RoundTimer()
     dm = FederatedDataModule(dataset="cifar10", root=str(root), num_clients=50, partition="iid", batch_size=50,
                              local_iters_per_epoch=10)
     model = method(backbone=SmallCNN, num_classes=10)
     trainer = FederatedTrainer(rounds=rounds, clients_per_round=5, local_epochs=5, eval_every=10 ** 6,
-                               accelerator=device, devices=1, logger=False, enable_checkpointing=False,
-                               enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                               callbacks=[timer])
+                               client_batching=client_batching, accelerator=device, devices=1, logger=False,
+                               enable_checkpointing=False, enable_progress_bar=False,
+                               enable_model_summary=False, limit_val_batches=0, callbacks=[timer])
     trainer.fit(model, datamodule=dm)
     return timer.seconds[1:]
 
@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3, help="rounds per block (the first is a warm-up)")
+    parser.add_argument("--client-batching", default="auto", help="fedrcl's trainer.client_batching")
     args = parser.parse_args()
     L.seed_everything(0, verbose=False)
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,7 +115,7 @@ def main() -> None:
         for name, method, rcl in (("FedAvg", FedAvg, False), ("FedRCL", FedRCL, True)):
             fw, raw = [], []
             for _ in range(args.blocks):
-                fw += framework_rounds(method, root, args.device, args.rounds)
+                fw += framework_rounds(method, root, args.device, args.rounds, args.client_batching)
                 raw += raw_rounds(rcl, root, args.device, args.rounds)
             times[name] = (statistics.median(fw), statistics.median(raw))
             print(f"{name}: framework {times[name][0]:.3f} s/round, raw {times[name][1]:.3f} s/round, "

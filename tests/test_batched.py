@@ -8,7 +8,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import run_cli
-from fedrcl.federated.batched import ClientBatching, clip_grad_norm_
+from fedrcl.federated.batched import ClientBatching, clip_grad_norm_, stack_clients
 
 RESNET8 = ("--model.init_args.backbone", "fedrcl.models.ResNet18",
            "--model.init_args.backbone.init_args.width", "8")
@@ -17,7 +17,8 @@ RESNET8 = ("--model.init_args.backbone", "fedrcl.models.ResNet18",
 def train_logs(log_dir: Path) -> dict[str, list[float]]:
     acc = EventAccumulator(str(log_dir))
     acc.Reload()
-    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"] if tag.startswith("train/")}
+    tags = [tag for tag in acc.Tags()["scalars"] if tag.startswith("train/")]
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in tags}
 
 
 def fit(data_root, save_dir, mode, model, *extra, precision="64-true"):
@@ -40,7 +41,7 @@ def assert_equal_runs(a, b, rtol=1e-5):
         assert lb[tag] == pytest.approx(values, rel=rtol, abs=rtol / 100), tag
 
 
-@pytest.mark.parametrize("model", ["fedrcl.algorithms.FedAvg", "fedrcl.algorithms.FedRCL", "fedrcl.algorithms.FedNTD"])
+@pytest.mark.parametrize("model", [f"fedrcl.algorithms.{name}" for name in ("FedAvg", "FedRCL", "FedNTD")])
 @pytest.mark.parametrize("backbone", ["cnn", "resnet8"])
 def test_batched_clients_equal_sequential(data_root, tmp_path, model, backbone):
     extra = RESNET8 if backbone == "resnet8" else ()
@@ -82,7 +83,8 @@ def test_moon_and_unequal_clients_fall_back_with_a_notice(data_root, tmp_path, c
 
 
 def test_auto_is_sequential_on_cpu_and_bad_mode_is_an_error(data_root, tmp_path):
-    cli = run_cli(data_root, tmp_path, "--data.local_iters_per_epoch", "2", rounds=1, model="fedrcl.algorithms.FedAvg")
+    cli = run_cli(data_root, tmp_path, "--data.local_iters_per_epoch", "2", rounds=1,
+                  model="fedrcl.algorithms.FedAvg")
     assert cli.trainer.federation.batching.mode == "auto" and not cli.trainer.federation.plan(0).batched
     with pytest.raises(ValueError, match="client_batching"):
         ClientBatching("always")
@@ -101,4 +103,65 @@ def test_per_client_clip_matches_torch_clip():
         torch.nn.utils.clip_grad_norm_(params, 5.0)
         for got, p in zip(clipped, params):
             torch.testing.assert_close(got[k], p.grad)
-    assert torch.linalg.vector_norm(torch.cat([g[0].flatten() for g in clipped])) == pytest.approx(5.0, rel=1e-5)
+    client0 = torch.cat([g[0].flatten() for g in clipped])
+    assert torch.linalg.vector_norm(client0) == pytest.approx(5.0, rel=1e-5)
+
+
+def test_stack_clients_keeps_each_slice_in_the_memory_format():
+    w = torch.randn(4, 3, 5, 5).to(memory_format=torch.channels_last)
+    stacked = stack_clients(w, 2)
+    assert stacked.shape == (2, 4, 3, 5, 5) and torch.equal(stacked[1], w)
+    assert stacked[0].is_contiguous(memory_format=torch.channels_last)
+    assert stack_clients(torch.randn(3), 2).is_contiguous()
+
+
+def test_batched_step_runs_under_lightning_autocast(data_root, tmp_path, monkeypatch):
+    from fedrcl.algorithms import FedAvg
+
+    dtypes = []
+    original = FedAvg.client_loss
+    monkeypatch.setattr(FedAvg, "client_loss", lambda self, x, y, out: dtypes.append(out.logits.dtype)
+                        or original(self, x, y, out))
+    runs = {mode: run_cli(data_root, tmp_path / mode, "--trainer.client_batching", mode, "--trainer.precision",
+                          "bf16-mixed", "--data.local_iters_per_epoch", "2", rounds=1,
+                          model="fedrcl.algorithms.FedAvg")
+            for mode in ("on", "off")}
+    assert runs["on"].trainer.federation.plan(0).batched
+    assert dtypes and set(dtypes) == {torch.bfloat16}  # autocast's dtype in both paths
+    losses = {mode: train_logs(Path(cli.trainer.logger.log_dir))["train/loss"] for mode, cli in runs.items()}
+    assert losses["on"] == pytest.approx(losses["off"], rel=2e-2)  # bf16 rounding apart
+
+
+def test_compiled_batched_step_equals_eager(monkeypatch):
+    """torch.compile traces the whole mapped local loss (here with the cheap aot_eager backend, SmallCNN)."""
+    from types import SimpleNamespace
+
+    from fedrcl.algorithms import FedAvg
+    from fedrcl.federated import batched
+    from fedrcl.federated.context import ClientContext
+    from fedrcl.models import SmallCNN
+    from fedrcl.server import FedAvg as FedAvgServer
+
+    torch.manual_seed(0)
+    model = FedAvg(backbone=lambda c, i, s: SmallCNN(c, i, s, conv_padding=2), num_classes=10, in_channels=1,
+                   image_size=8)
+    monkeypatch.setattr(FedAvg, "trainer", property(
+        lambda self: SimpleNamespace(federation=SimpleNamespace(server=FedAvgServer()))))
+    monkeypatch.setattr(batched, "COMPILE_BACKEND", "aot_eager")
+    sent = {k: v.detach().clone() for k, v in model.backbone.state_dict().items()}
+    model.on_client_start = lambda client: None
+    model.client, model._params = ClientContext(0, 0, 10, 1, 0, sent), dict(model.backbone.named_parameters())
+    x, y = torch.randn(3, 8, 1, 8, 8), torch.randint(0, 10, (3, 8))
+
+    def step(compile):
+        params = {n: stack_clients(p.detach(), 3).requires_grad_() for n, p in model.backbone.named_parameters()}
+        losses, parts = ClientBatching("on", compile=compile).losses(model, params, {}, x, y)
+        losses.sum().backward()
+        return losses, parts["ce"], [p.grad for p in params.values()]
+
+    eager, compiled = step(False), step(True)
+    torch.testing.assert_close(compiled[0], eager[0])
+    torch.testing.assert_close(compiled[1], eager[1])
+    for a, b in zip(compiled[2], eager[2]):
+        torch.testing.assert_close(a, b)
+    assert model._params["fc.weight"] is model.backbone.fc.weight  # the mapped call put it back

@@ -240,7 +240,8 @@ class RoundBatches:
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         plan, seed = self._plan(), self.datamodule.trainer.federation.seed
         if plan.batched:
-            yield from self.datamodule.stacked_client_batches(plan.client_ids, plan.round_idx, plan.local_epochs, seed)
+            yield from self.datamodule.stacked_client_batches(plan.client_ids, plan.round_idx, plan.local_epochs,
+                                                              seed)
             return
         for client_id in plan.client_ids:
             yield from self.datamodule.client_batches(client_id, plan.round_idx, plan.local_epochs, seed)

@@ -41,7 +41,8 @@ class _LocalLoss(nn.Module):
         super().__init__()
         self.algorithm = algorithm
 
-    def forward(self, client_tensors: dict[str, Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, client_tensors: dict[str, Tensor], x: Tensor, y: Tensor
+                ) -> tuple[Tensor, dict[str, Tensor]]:
         algorithm = self.algorithm
         # This client's tensors, and its slice of the weights for the server's client term, set for the call
         # and put back before returning: no vmapped tensor outlives it (torch.compile needs that too).
@@ -68,11 +69,13 @@ class ClientBatching:
 
     def __init__(self, mode: Mode = "auto", compile: bool = False):
         if mode not in Mode.__args__:
-            raise ValueError(f"trainer.client_batching must be one of {', '.join(Mode.__args__)}, got {mode!r}")
+            raise ValueError(f"trainer.client_batching must be one of {', '.join(Mode.__args__)}, "
+                             f"got {mode!r}")
         self.mode, self.compile = mode, compile
         self._noticed: set[str] = set()
         self._module: Optional[_LocalLoss] = None
         self._losses = None
+        self._low: Optional[torch.dtype] = None
         self.compile_seconds: Optional[float] = None
 
     def applies(self, pl_module: Any, plan: RoundPlan, datamodule: Any, device: torch.device) -> bool:
@@ -85,7 +88,7 @@ class ClientBatching:
         if reason is None and len(set(plan.steps)) > 1:
             reason = "this round's clients take different numbers of steps"
         if reason is None and datamodule.local_iters_per_epoch is None and len(set(plan.num_samples)) > 1:
-            reason = "this round's clients have last batches of different sizes (data.local_iters_per_epoch null)"
+            reason = "this round's clients end on batches of different sizes (data.local_iters_per_epoch null)"
         if reason is None:
             return True
         if reason not in self._noticed:
@@ -95,19 +98,30 @@ class ClientBatching:
 
     def losses(self, pl_module: nn.Module, params: dict[str, Tensor], client_tensors: dict[str, Tensor],
                x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weights (``params[n][k]``)."""
-        if self._module is None or self._module.algorithm is not pl_module:
-            self._module = _LocalLoss(pl_module)
+        """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weights (``params[.][k]``).
+
+        Under Lightning's mixed precision (``bf16-mixed``, ``16-mixed``) the weights and images enter the
+        mapped call in the autocast dtype: autocast does not reach inside ``vmap`` (torch 2.14, CPU checked), so the
+        batched forward runs wholly in that dtype (normalisations included, which autocast keeps in float32);
+        the weights, gradients and optimizer stay in float32, and the losses upcast where they did before.
+        """
+        device_type = x.device.type
+        low = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        if self._module is None or self._module.algorithm is not pl_module or self._low != low:
+            self._module, self._low = _LocalLoss(pl_module), low
             module = self._module
 
             def one_client(p: dict[str, Tensor], c: dict[str, Tensor], xb: Tensor, yb: Tensor):
+                if low is not None:
+                    p, xb = {name: w.to(low) for name, w in p.items()}, xb.to(low)
                 return functional_call(module, p, (c, xb, yb))
 
             self._losses = vmap(one_client, randomness="error")
             if self.compile:
                 cuda = x.device.type == "cuda"
+                graphs = cuda and COMPILE_BACKEND == "inductor"
                 self._losses = torch.compile(self._losses, backend=COMPILE_BACKEND,
-                                             mode="reduce-overhead" if cuda and COMPILE_BACKEND == "inductor" else None)
+                                             mode="reduce-overhead" if graphs else None)
         prefixed = {f"algorithm.backbone.{name}": p for name, p in params.items()}
         first = self.compile and self.compile_seconds is None
         start = time.perf_counter()
@@ -116,8 +130,21 @@ class ClientBatching:
             if x.device.type == "cuda":
                 torch.cuda.synchronize(x.device)
             self.compile_seconds = time.perf_counter() - start
-            rank_zero_info(f"trainer.compile_clients: first batched step (compiling) took {self.compile_seconds:.1f} s")
+            rank_zero_info(f"trainer.compile_clients: the first batched step (compiling) took "
+                           f"{self.compile_seconds:.1f} s")
         return out
+
+
+def stack_clients(tensor: Tensor, num_clients: int) -> Tensor:
+    """``num_clients`` copies of ``tensor`` on a new leading axis, each slice in ``tensor``'s memory format
+    (a channels_last model keeps channels_last weights per client)."""
+    channels_last = tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last)
+    if channels_last and not tensor.is_contiguous():
+        o, c, h, w = tensor.shape
+        out = tensor.new_empty((num_clients, o, h, w, c)).permute(0, 1, 4, 2, 3)
+    else:
+        out = tensor.new_empty((num_clients, *tensor.shape))
+    return out.copy_(tensor.unsqueeze(0).expand_as(out))
 
 
 def clip_grad_norm_(grads: list[Tensor], max_norm: float) -> None:
@@ -156,7 +183,7 @@ class StackedClients:
                 values.append(getattr(pl_module, name))
         self.client_tensors = {name: torch.stack(values) for name, values in per_client.items()}
         k = len(self.contexts)
-        self.params = {name: sent[name].detach().unsqueeze(0).repeat(k, *([1] * sent[name].dim())).requires_grad_()
+        self.params = {name: stack_clients(sent[name].detach(), k).requires_grad_()
                        for name, _ in pl_module.backbone.named_parameters()}
         (self.optimizer,) = trainer.optimizers
         (group,) = self.optimizer.param_groups

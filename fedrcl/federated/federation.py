@@ -137,7 +137,8 @@ class Federation(L.Callback):
                 num_samples=tuple(dm.client_num_samples(k) for k in mine),
                 steps_per_epoch=tuple(dm.client_steps_per_epoch(k) for k in mine),
                 local_epochs=self.local_epochs)
-            batched = self.batching.applies(trainer.lightning_module, self._plan, dm, trainer.strategy.root_device)
+            device = trainer.strategy.root_device
+            batched = self.batching.applies(trainer.lightning_module, self._plan, dm, device)
             self._plan = dataclasses.replace(self._plan, batched=batched)
         return self._plan
 

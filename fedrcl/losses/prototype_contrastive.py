@@ -30,7 +30,7 @@ def prototype_contrastive_loss(z: Tensor, labels: Tensor, prototypes: Tensor, av
     """``L_pc`` (scalar); ``prototypes`` ``[C, D]``, ``available`` ``[C]`` bool (the set ``A``)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    # Masks and fixed shapes, no data-dependent branch, so that it runs under torch.func.vmap (batched clients).
+    # Masks and fixed shapes, no data-dependent branch: it runs under torch.func.vmap (batched clients).
     keep = available[labels]
     dtype = torch.promote_types(z.dtype, torch.float32)
     sim = F.normalize(z.to(dtype), dim=1) @ F.normalize(prototypes.to(dtype), dim=1).T / temperature
