@@ -39,8 +39,8 @@ def worker(root: Path, devices: int, rounds: int, out: Path) -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     L.seed_everything(0, verbose=False)
     timer = RoundTimer()
-    dm = FederatedDataModule(dataset="cifar10", root=str(root), num_clients=50, partition="iid", batch_size=50,
-                             local_iters_per_epoch=10)
+    dm = FederatedDataModule(dataset="cifar10", root=str(root), num_clients=50, partition="iid",
+                             batch_size=50, local_iters_per_epoch=10)
     trainer = FederatedTrainer(rounds=rounds, clients_per_round=5, local_epochs=5, eval_every=10 ** 6,
                                accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
                                logger=False, enable_checkpointing=False, enable_progress_bar=False,

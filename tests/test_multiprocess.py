@@ -27,7 +27,7 @@ from fedrcl.federated.sampling import sample_clients
 from fedrcl.federated.strategy import FederatedStrategy
 from fedrcl.federated.trainer import FederatedTrainer
 
-TIMEOUT_S = 420  # a two-process digits run takes ~20 s on two idle cores; a hang is killed here
+TIMEOUT_S = 420  # a two-process run used ~15 s of CPU (100 s wall under load 8); a hang is killed here
 FIVE_CLIENTS = ("--trainer.clients_per_round", "5", "--data.eval_batch_size", "100")
 
 

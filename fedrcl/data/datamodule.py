@@ -252,9 +252,9 @@ def eval_slices(num_samples: int, batch_size: int, rank: int = 0,
     """The ``(start, end)`` test-set batches that process ``rank`` of ``world_size`` evaluates.
 
     The test set is cut into batches of ``batch_size`` as on one process, and each process takes a
-    near-equal contiguous run of them, so every sample is
-    evaluated once, in the same batch as on one process. With fewer batches than processes each process
-    takes one near-equal contiguous slice instead (then batch boundaries differ from one process).
+    near-equal contiguous run of them, so every sample is evaluated once, in the same batch as on one
+    process. With fewer batches than processes each process takes one near-equal contiguous slice instead
+    (then batch boundaries differ from one process's).
     """
     if num_samples < world_size:
         raise ValueError(f"the test set's {num_samples} samples cannot be split over {world_size} processes")
