@@ -46,10 +46,9 @@ def test_losses_package_exports_every_public_function():
 
 
 def test_quickstart_sets_one_thread_and_torch_threads_overrides_it(data_root, tmp_path):
+    assert "\ntorch_threads: 1\n" in (REPO / "configs" / "quickstart.yaml").read_text()
     threads = torch.get_num_threads()
     try:
-        cli = run_cli(data_root, tmp_path, rounds=1)
-        assert cli.config.fit.torch_threads == 1  # configs/quickstart.yaml
         run_cli(data_root, tmp_path, "--torch_threads", "2", rounds=1)
         assert torch.get_num_threads() == 2
     finally:
