@@ -15,8 +15,9 @@ sets), columns (e.g. alpha; a block may list its own) and rows (methods), each w
 of ``run_setting``) a run must match, and the values at the table's rounds, with an optional note. A run
 fills a cell when its setting matches the table's, the block's, the column's and the row's; one run can
 fill cells of several tables. Our value is the ``val/acc_ema`` curve (the accuracy EMA the paper reports)
-at the round, or at the last round logged, marked ``*``, when the run stopped earlier. Cells without a run
-stay empty.
+at the round, or at the last round logged, marked ``*``, when the run stopped earlier; where the run has
+siblings under other seeds (below), the cell shows their mean ± sample std and n. Cells without a run stay
+empty.
 
 Seeds: runs whose saved configs are equal except for the seeds (``seed_everything``, ``trainer.seed``,
 ``data.seed``) and for keys that do not change what is trained (``EXPERIMENT_IGNORES``: where and how it is
@@ -202,12 +203,21 @@ def collect_runs(root: str | Path) -> list[RunResult]:
     return runs
 
 
+def _seed_tuple(run: RunResult) -> tuple:
+    return tuple(repr(v) for v in run.seeds.values())
+
+
 def seed_groups(runs: Sequence[RunResult]) -> list[list[RunResult]]:
-    """Runs that differ only in seeds (same ``experiment_key``), in the order of their first run."""
-    groups: dict[tuple, list[RunResult]] = {}
+    """Runs that differ only in seeds (same ``experiment_key``), in the order of their first run; of runs
+    with the same seeds too (a repeat), the one that got furthest. A run without a saved config is alone."""
+    groups: dict[tuple, dict[tuple, RunResult]] = {}
     for run in runs:
-        groups.setdefault(experiment_key(run.config), []).append(run)
-    return list(groups.values())
+        key = experiment_key(run.config) if run.config else ("run", id(run))
+        by_seeds = groups.setdefault(key, {})
+        other = by_seeds.get(_seed_tuple(run))
+        if other is None or run.last_round > other.last_round:
+            by_seeds[_seed_tuple(run)] = run
+    return [list(by_seeds.values()) for by_seeds in groups.values()]
 
 
 def _seed_label(runs: Sequence[RunResult], key: str) -> str:
@@ -288,17 +298,34 @@ def _cells(table: dict[str, Any]):
                     {**table["setting"], **block["setting"], **column["setting"], **row["setting"]}
 
 
-def _assign(tables: list[dict[str, Any]], runs: list[RunResult]) -> dict[tuple, RunResult]:
-    """The run shown in each cell ``(table label, block, row, column)``: of the matching runs, the one
-    that got furthest (the later one on a tie)."""
-    shown: dict[tuple, RunResult] = {}
+def _assign(tables: list[dict[str, Any]], runs: list[RunResult]) -> dict[tuple, list[RunResult]]:
+    """The runs shown in each cell ``(table label, block, row, column)``: of the matching runs, the one
+    that got furthest (the later one on a tie), with the runs of its experiment under other seeds."""
+    groups = {id(r): group for group in seed_groups(runs) for r in group}
+    shown: dict[tuple, list[RunResult]] = {}
     for table in tables:
         for block, row, column, required in _cells(table):
             matching = [r for r in runs if len(r.rounds) and _matches(r.setting, required)]
             if matching:
                 best = max(reversed(matching), key=lambda r: r.last_round)
-                shown[(table["label"], block, row, column)] = best
+                siblings = [r for r in groups.get(id(best), [best]) if r is not best and len(r.rounds)]
+                shown[(table["label"], block, row, column)] = [best, *siblings]
     return shown
+
+
+def _our_cell(group: Sequence[RunResult], round_idx: int, theirs: Optional[float]) -> str:
+    """``value`` (one run) or ``mean ± std (n=k)`` over seeds, ``*`` if a run stopped earlier, and the
+    difference to the paper's number."""
+    points = [run.ema_at(round_idx) for run in group]
+    points = [p for p in points if p is not None]
+    if not points:
+        return ""
+    summary = summarize_seeds([value for value, _ in points])
+    cell = f"{summary.mean:.2f}"
+    if summary.n > 1:
+        cell += f" ± {summary.std:.2f} (n={summary.n})"
+    cell += "" if all(reached for _, reached in points) else "*"
+    return cell if theirs is None else f"{cell} ({summary.mean - theirs:+.2f})"
 
 
 def _md(text: Any) -> str:
@@ -316,7 +343,7 @@ def _split_name(setting: dict[str, Any]) -> str:
     return name
 
 
-def _render_table(table: dict[str, Any], shown: dict[tuple, RunResult]) -> list[str]:
+def _render_table(table: dict[str, Any], shown: dict[tuple, list[RunResult]]) -> list[str]:
     out = [f"## {table['title']} (`{table['label']}`)", "",
            "Setting of every cell: " + ", ".join(f"{k} {v}" for k, v in table["setting"].items()) + ".", ""]
     if "note" in table:
@@ -331,16 +358,10 @@ def _render_table(table: dict[str, Any], shown: dict[tuple, RunResult]) -> list[
             paper_cells, our_cells = [], []
             for column in columns:
                 paper = paper_row.get(column["name"], [None] * len(table["rounds"]))
-                run = shown.get((table["label"], block["name"], row["name"], column["name"]))
+                group = shown.get((table["label"], block["name"], row["name"], column["name"]), [])
                 for round_idx, theirs in zip(table["rounds"], paper):
                     paper_cells.append("" if theirs is None else f"{theirs:.2f}")
-                    ours = run.ema_at(round_idx) if run is not None else None
-                    if ours is None:
-                        our_cells.append("")
-                        continue
-                    value, reached = ours
-                    cell = f"{value:.2f}{'' if reached else '*'}"
-                    our_cells.append(cell if theirs is None else f"{cell} ({value - theirs:+.2f})")
+                    our_cells.append(_our_cell(group, round_idx, theirs))
             out.append(f"| {_md(row['name'])} (paper) | " + " | ".join(paper_cells) + " |")
             out.append(f"| {_md(row['name'])} (ours) | " + " | ".join(our_cells) + " |")
         out.append("")
@@ -355,13 +376,15 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
     tables = paper["tables"]
     shown = _assign(tables, list(runs))
     placed: dict[int, list[tuple]] = {}
-    for cell, run in shown.items():
-        placed.setdefault(id(run), []).append(cell)
+    for cell, group in shown.items():
+        for run in group:
+            placed.setdefault(id(run), []).append(cell)
     out = [f"# fedrcl report{': ' + title if title else ''}", "",
            f"Paper: {paper['source']}.",
            "Each method has the paper's row and ours beneath it: our `val/acc_ema` (EMA 0.9 of the test "
-           "accuracy, in %) at the round, with ours minus the paper's in parentheses. `*`: the run stopped "
-           "earlier; the value is at its last round (see Runs). Empty: no finished round for that cell.", ""]
+           "accuracy, in %) at the round, with ours minus the paper's in parentheses; over several seeds of "
+           "one experiment, mean ± sample std (n=...). `*`: a run stopped earlier; its value is at its last "
+           "round (see Runs). Empty: no finished round for that cell.", ""]
     for table in tables:
         out += _render_table(table, shown)
     out += render_seed_table(runs, seed_tags)

@@ -147,3 +147,26 @@ def test_parallel_seeds_run_as_processes(data_root, tmp_path, monkeypatch):
     for seed in (3, 4):
         assert events(tmp_path / "FedAvg" / f"seed{seed}", "val/acc").keys() == {1}
         assert "max_epochs=1" in (tmp_path / "FedAvg" / f"seed{seed}.log").read_text()
+
+
+def test_paper_cells_show_the_mean_over_seeds(tmp_path):
+    from test_report import fake_config, fake_version, rows_of
+
+    from fedrcl.report import render_report
+
+    for seed, ema in enumerate((0.50, 0.52, 0.54)):
+        config = fake_config()
+        config.update(seed_everything=seed)
+        config["trainer"]["seed"] = seed
+        fake_version(tmp_path / "a005" / f"seed{seed}" / "version_0", config, {r: ema for r in range(1, 601)})
+    repeat = fake_config()
+    repeat.update(seed_everything=2)
+    repeat["trainer"]["seed"] = 2  # seed 2 again, shorter: a repeat, not a fourth seed
+    fake_version(tmp_path / "again" / "version_0", repeat, {r: 0.9 for r in range(1, 11)})
+    markdown = render_report(collect_runs(tmp_path))
+    cells = rows_of(markdown, "### CIFAR-100")["FedRCL (ours)"]
+    assert cells[:2] == ["52.00 ± 2.00 (n=3) (+8.29)", "52.00 ± 2.00 (n=3)* (-2.63)"]  # paper 43.71, 54.63
+    seeds = rows_of(markdown, "## Seeds")
+    (row,) = seeds.values()
+    assert row[2:4] == ["3", "0,1,2 / 0,1,2 / None"]
+    assert row[4] == "52.00 ± 2.00 @600"
