@@ -9,6 +9,10 @@ client's last step call ``on_client_end`` and fold its weights into the running 
 model, before Lightning evaluates it and checkpoints it. Between rounds the model *is* the global model,
 so Lightning's checkpoint of the module holds the global weights.
 
+With ``trainer.client_batching`` the round's clients train together instead (``fedrcl.federated.batched``):
+the stream has one stacked batch per local step, and ``StackedClients`` takes the place of the per-client
+swaps above.
+
 Clients of a round are split across processes by rank (``client_ids[rank::world_size]``) and their sums
 meet in one all-reduce per tensor, so a multi-process strategy needs no other change to this loop.
 """
