@@ -73,8 +73,8 @@ class FedAvg(L.LightningModule):
         self.client: Optional[ClientContext] = None
 
     # Batched clients (``trainer.client_batching``): tensor attributes that ``on_client_start`` sets per
-    # client and ``client_loss`` reads (stacked on a client axis when clients train together); a reason string if
-    # the method cannot train batched (its clients then train one after another).
+    # client and ``client_loss`` reads (stacked on a client axis when clients train together); a reason
+    # string if the method cannot train batched (its clients then train one after another).
     client_tensors: tuple[str, ...] = ()
     unbatchable_reason: Optional[str] = None
 

@@ -11,6 +11,10 @@ so Lightning's checkpoint of the module holds the global weights. A client with 
 or non-finite weights, or non-finite new global weights, stop the run before the round's checkpoint
 (``divergence``).
 
+With ``trainer.client_batching`` the round's clients train together instead (``fedrcl.federated.batched``):
+the stream has one stacked batch per local step, and ``StackedClients`` takes the place of the per-client
+swaps above.
+
 With several processes (``fedrcl.federated.strategy.FederatedStrategy``, which ``FederatedTrainer`` picks
 for ``ddp`` or ``auto``) each process trains its share of the round's sampled clients
 (``sampled[rank::world_size]``, so processes may run different step counts) and nothing is synchronised
