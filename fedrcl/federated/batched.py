@@ -99,7 +99,7 @@ class ClientBatching:
 
     def losses(self, pl_module: nn.Module, params: dict[str, Tensor], client_tensors: dict[str, Tensor],
                x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weights (``params[.][k]``).
+        """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weight slices (``[k]``).
 
         Under Lightning's mixed precision (``bf16-mixed``, ``16-mixed``) the weights and images enter the
         mapped call in the autocast dtype: autocast does not reach inside ``vmap`` (torch 2.14, CPU checked),
