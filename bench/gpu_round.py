@@ -52,7 +52,8 @@ def write_fake_cifar(root: Path, train: int, test: int) -> None:
 
 def datamodule(args, root: Path) -> FederatedDataModule:
     return FederatedDataModule(dataset="cifar10", root=str(root), num_clients=args.clients * 2,
-                               partition="iid", batch_size=args.batch, local_iters_per_epoch=args.steps // 5 or 1,
+                               partition="iid", batch_size=args.batch,
+                               local_iters_per_epoch=args.steps // 5 or 1,
                                eval_batch_size=args.eval_batch)
 
 
@@ -172,9 +173,9 @@ def main() -> None:
     torch.set_float32_matmul_precision("high")
     L.seed_everything(0, verbose=False)
     methods = {"FedAvg": (FedAvg, False), "FedRCL": (FedRCL, True)}
-    print(f"ResNet-18-GN width {args.width}, {args.clients} clients x {args.steps} steps of batch {args.batch}, "
-          "
-          f"{args.test} test images, {args.device}, {args.precision}, median of {args.rounds} rounds")
+    print(f"ResNet-18-GN width {args.width}, {args.clients} clients x {args.steps} steps of batch "
+          f"{args.batch}, {args.test} test images, {args.device}, {args.precision}, "
+          f"median of {args.rounds} rounds")
     speedup = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -188,9 +189,8 @@ def main() -> None:
             bat = statistics.median(bat_rounds)
             speedup[name] = raw / bat
             label = "batched" + ("" if args.no_compile else "+compiled")
-            print(f"{name}: (a) raw {raw:.3f} s/round; (b) sequential {seq:.3f} s/round = {seq / raw:.2f} x (a); "
-                  "
-                  f"(c) {label} {bat:.3f} s/round = {bat / raw:.2f} x (a)")
+            print(f"{name}: (a) raw {raw:.3f} s/round; (b) sequential {seq:.3f} s/round = "
+                  f"{seq / raw:.2f} x (a); (c) {label} {bat:.3f} s/round = {bat / raw:.2f} x (a)")
             print(f"{name}: {flops / 1e9:.3g} GFLOP/round; TFLOP/s (a) {flops / raw / 1e12:.3g} "
                   f"(b) {flops / seq / 1e12:.3g} (c) {flops / bat / 1e12:.3g}; compile "
                   f"{'-' if compile_s is None else f'{compile_s:.1f}'} s")

@@ -62,7 +62,7 @@ class ClientBatching:
 
     Args:
         mode: ``on``: batched whenever the round allows it; ``off``: clients one after another; ``auto``:
-            batched on CUDA, sequential elsewhere (on the CPU, vmap over convolutions is slower, see NOTES).
+            batched on CUDA, sequential elsewhere (on the CPU it is slower: ``bench/batched_step.py``).
         compile: compile the batched loss with ``torch.compile`` (``mode="reduce-overhead"``, CUDA graphs,
             on CUDA).
     """
@@ -88,7 +88,7 @@ class ClientBatching:
         if reason is None and len(set(plan.steps)) > 1:
             reason = "this round's clients take different numbers of steps"
         if reason is None and datamodule.local_iters_per_epoch is None and len(set(plan.num_samples)) > 1:
-            reason = "this round's clients end on batches of different sizes (data.local_iters_per_epoch null)"
+            reason = "this round's clients end on batches of different sizes (local_iters_per_epoch null)"
         if reason is None:
             return True
         if reason not in self._noticed:
@@ -98,12 +98,12 @@ class ClientBatching:
 
     def losses(self, pl_module: nn.Module, params: dict[str, Tensor], client_tensors: dict[str, Tensor],
                x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weights (``params[.][k]``).
+        """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weight slices (``[k]``).
 
         Under Lightning's mixed precision (``bf16-mixed``, ``16-mixed``) the weights and images enter the
-        mapped call in the autocast dtype: autocast does not reach inside ``vmap`` (torch 2.14, CPU checked), so the
-        batched forward runs wholly in that dtype (normalisations included, which autocast keeps in float32);
-        the weights, gradients and optimizer stay in float32, and the losses upcast where they did before.
+        mapped call in the autocast dtype: autocast does not reach inside ``vmap`` (torch 2.14, CPU checked),
+        so the batched forward runs wholly in that dtype (normalisations included, which autocast keeps in
+        float32); weights, gradients and optimizer stay in float32, and the losses upcast as before.
         """
         device_type = x.device.type
         low = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
