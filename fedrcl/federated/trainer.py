@@ -109,3 +109,28 @@ class FederatedTrainer(L.Trainer):
             ckpt_path = find_resumable(self, fingerprint, allow) if ckpt_path == "last" else ckpt_path
             check_configuration(ckpt_path, fingerprint, allow)
         super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
+
+    def validate(self, model: Optional[L.LightningModule] = None, dataloaders: Any = None,
+                 ckpt_path: Optional[str] = None, verbose: bool = True,
+                 datamodule: Optional[L.LightningDataModule] = None, weights_only: Optional[bool] = None) -> Any:
+        """Lightning's ``validate``; ``ckpt_path="last"`` is the checkpoint ``fit --ckpt_path last`` resumes."""
+        ckpt_path = self._evaluated_checkpoint(model, datamodule, ckpt_path)
+        return super().validate(model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
+
+    def test(self, model: Optional[L.LightningModule] = None, dataloaders: Any = None,
+             ckpt_path: Optional[str] = None, verbose: bool = True,
+             datamodule: Optional[L.LightningDataModule] = None, weights_only: Optional[bool] = None) -> Any:
+        """Lightning's ``test``; ``ckpt_path="last"`` as in ``validate``."""
+        ckpt_path = self._evaluated_checkpoint(model, datamodule, ckpt_path)
+        return super().test(model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
+
+    def _evaluated_checkpoint(self, model: Optional[L.LightningModule], datamodule: Any,
+                              ckpt_path: Optional[str]) -> Optional[str]:
+        """``"last"``: the newest usable checkpoint of the run name whose method, backbone and dataset are this
+        config's (its training settings do not matter to an evaluation)."""
+        if ckpt_path != "last" or model is None:
+            return ckpt_path
+        fingerprint = run_fingerprint(self, model, datamodule)
+        shape = ("model", "model.backbone", "model.init_args.backbone", "data.dataset")
+        training_only = tuple(k for k in fingerprint if not any(k == s or k.startswith(s + ".") for s in shape))
+        return find_resumable(self, fingerprint, training_only)
