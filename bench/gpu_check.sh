@@ -10,7 +10,7 @@
 #      compiled, bf16-mixed, each stopped after RUN_SECONDS;
 #   4. waits WAIT_SECONDS (default 0), then copies the runs' logs and event files into $OUT.
 # Prepare here (real CIFAR-10 npz, e.g. ../shared/data/cifar10.npz, 170 MB; the parts must be ignored by git,
-# or every call would carry them all):  echo '/.gpudata*/' >> .git/info/exclude &&
+# .gitignore has /.gpudata*/, or every call would carry them all):
 #   mkdir -p .gpudata1 .gpudata2 .gpudata3 && split -b 60000000 ../shared/data/cifar10.npz /tmp/c10.part. &&
 #   mv /tmp/c10.part.aa .gpudata1/ && mv /tmp/c10.part.ab .gpudata2/ && mv /tmp/c10.part.ac .gpudata3/
 # Calls (run tool), back to back:  1) carry [.whl, .gpudata1]  2) carry [.gpudata2]  3) carry [.gpudata3]
