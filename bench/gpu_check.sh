@@ -9,10 +9,8 @@
 #      paper-scale runs: FedAvg, FedSCL, FedRCL on configs/cifar10_a01.yaml (ResNet-18-GN width 64), batched +
 #      compiled, bf16-mixed, each stopped after RUN_SECONDS;
 #   4. waits WAIT_SECONDS (default 0), then copies the runs' logs and event files into $OUT.
-# Prepare here (real CIFAR-10 npz, e.g. ../shared/data/cifar10.npz, 170 MB; the parts must be ignored by git,
-# .gitignore has /.gpudata*/, or every call would carry them all):
-#   mkdir -p .gpudata1 .gpudata2 .gpudata3 && split -b 60000000 ../shared/data/cifar10.npz /tmp/c10.part. &&
-#   mv /tmp/c10.part.aa .gpudata1/ && mv /tmp/c10.part.ab .gpudata2/ && mv /tmp/c10.part.ac .gpudata3/
+# Prepare here first: bench/gpu_prepare.sh (the wheels in .whl/, the real CIFAR-10 npz in three parts; both
+# ignored by git, or every call would carry them all).
 # Calls (run tool), back to back:  1) carry [.whl, .gpudata1]  2) carry [.gpudata2]  3) carry [.gpudata3]
 #   then  WAIT_SECONDS=500 bash bench/gpu_check.sh  as often as the lease allows; give_back at the end.
 set -u
