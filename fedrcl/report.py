@@ -48,8 +48,8 @@ __all__ = ["RunResult", "load_paper_results", "run_setting", "collect_runs", "ex
 
 EMA_TAG = "val/acc_ema"
 SEED_KEYS = ("seed_everything", "trainer.seed", "data.seed")
-# Keys that say where and how a run is logged, checkpointed or stopped, not what it trains.
-EXPERIMENT_IGNORES = ("trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar",
+# Keys that say where and how a run is logged, checkpointed, stopped or laid out in memory, not what it trains.
+EXPERIMENT_IGNORES = ("trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar", "data.channels_last",
                       "trainer.enable_model_summary", "trainer.enable_checkpointing",
                       "trainer.default_root_dir", "trainer.checkpoint_every", "trainer.log_every_n_steps",
                       "trainer.rounds", "ckpt_path", "data.root", "data.download", "config")

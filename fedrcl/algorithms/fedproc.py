@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
-from fedrcl.data.augment import to_normalized
 from fedrcl.federated.context import ClientContext
 from fedrcl.federated.strategy import process_sum
 from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
@@ -122,7 +121,7 @@ class FedProc(FedAvg):
         sums = counts = None
         for start in range(0, len(indices), dm.eval_batch_size):
             idx = indices[start:start + dm.eval_batch_size]
-            z = self.backbone(to_normalized(dm.x_train[idx], dm.info)).features[-1].float()
+            z = self.backbone(dm.model_input(dm.x_train[idx])).features[-1].float()
             s, c = class_feature_sums(z, dm.y_train[idx], dm.num_classes)
             sums, counts = (s, c) if sums is None else (sums + s, counts + c)
         self.prototype_server.report(sums, counts)

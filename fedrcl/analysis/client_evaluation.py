@@ -26,7 +26,6 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from fedrcl.data.augment import augment_batch
 from fedrcl.federated.context import ClientContext
 
 __all__ = ["ClientEvaluation", "class_accuracy_counts", "label_mix_accuracy", "spread_summary"]
@@ -137,7 +136,7 @@ class ClientEvaluation(L.Callback):
                 gen = torch.Generator().manual_seed(self.seed)
                 idx = torch.randperm(n, generator=gen)[:self.max_test_samples].sort().values
             idx = idx.to(datamodule.y_test.device)
-            images = augment_batch(datamodule.x_test[idx], None, datamodule.info, train=False)
+            images = datamodule.model_input(datamodule.x_test[idx])
             self._test = images, datamodule.y_test[idx]
         return self._test
 

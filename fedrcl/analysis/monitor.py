@@ -20,7 +20,6 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedrcl.analysis.metrics import _vci, class_covariances, deviation_bound, effective_rank
-from fedrcl.data.augment import augment_batch
 
 
 class RepresentationMonitor(L.Callback):
@@ -125,7 +124,7 @@ class RepresentationMonitor(L.Callback):
         """The fixed test subset: normalised images and labels, on the data's device (built once)."""
         if self._test is None:
             idx = self._subset(len(datamodule.y_test), datamodule.y_test.device)
-            images = augment_batch(datamodule.x_test[idx], None, datamodule.info, train=False)
+            images = datamodule.model_input(datamodule.x_test[idx])
             self._test = images, datamodule.y_test[idx]
         return self._test
 
@@ -152,7 +151,7 @@ class RepresentationMonitor(L.Callback):
             if self.deviation:
                 indices = datamodule.client_indices[client_id]
                 indices = indices[self._subset(len(indices), indices.device)]
-                client_images = augment_batch(datamodule.x_train[indices], None, datamodule.info, train=False)
+                client_images = datamodule.model_input(datamodule.x_train[indices])
                 logits, _, phi = _forward(backbone, state, client_images, datamodule.eval_batch_size)
                 bound = deviation_bound(phi, logits.softmax(dim=1), datamodule.y_train[indices])
                 metrics["repr/deviation_below_1"] = float((bound < 1).double().mean())

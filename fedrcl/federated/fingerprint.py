@@ -24,8 +24,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 TRAINER_KEYS = ("clients_per_round", "participation", "local_epochs", "server", "seed", "precision",
                 "accumulate_grad_batches")
 # Model and data keys that do not change the math.
-IGNORED = ("data.root", "data.download", "data.eval_batch_size", "model.init_args.state_dir",
-           "model.init_args.max_states_in_memory")
+IGNORED = ("data.root", "data.download", "data.eval_batch_size", "data.channels_last",
+           "model.init_args.state_dir", "model.init_args.max_states_in_memory")
 _PLAIN = (str, int, float, bool, type(None))
 
 
