@@ -65,6 +65,9 @@ def test_fedavg_sends_the_state_dict_down_and_up_per_client(data_root, tmp_path)
     assert all(part.min() >= 0 for part in parts)
     assert sum(parts) == pytest.approx(scalars["time/round_wall_seconds"][1], rel=1e-4)
     assert (scalars["time/evaluation_seconds"][1] > 0).all()  # the validation loop
+    for tag in ("comm/down_bytes", "comm/cumulative_bytes", "time/round_wall_seconds",
+                "time/local_training_seconds"):
+        assert scalars[tag][0].tolist() == scalars["val/acc"][0].tolist() == [1, 2], tag  # at the round's own step
 
 
 @pytest.mark.slow

@@ -245,9 +245,9 @@ class Federation(L.Callback):
 
     def _log_ledger(self, trainer: L.Trainer) -> None:
         round_idx, metrics = self.ledger.metrics()
-        if round_idx is not None:
+        if round_idx is not None:  # at the round's own step: the loggers' round axis would take the next one
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=round_idx + 1)
+                getattr(logger.log_metrics, "__wrapped__", logger.log_metrics)(metrics, step=round_idx + 1)
 
     # -- checkpoint ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

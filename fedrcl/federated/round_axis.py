@@ -13,7 +13,9 @@ import lightning as L
 
 
 def log_against_rounds(trainer: L.Trainer) -> None:
-    """Make every logger of ``trainer`` record metrics at step ``trainer.current_epoch + 1`` (idempotent)."""
+    """Make every logger of ``trainer`` record metrics at step ``trainer.current_epoch + 1`` (idempotent).
+
+    ``logger.log_metrics.__wrapped__`` is the logger's own method, for metrics of a round already ended."""
     for logger in trainer.loggers:
         if getattr(logger.log_metrics, "against_rounds", False):
             continue
