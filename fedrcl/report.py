@@ -21,11 +21,11 @@ empty.
 
 Seeds: runs whose saved configs are equal except for the seeds (``seed_everything``, ``trainer.seed``,
 ``data.seed``) and for keys that do not change what is trained (``EXPERIMENT_IGNORES``: where and how it is
-logged, callbacks, checkpoint frequency, the data folder, the round budget) are one experiment under
-several seeds, as ``fedrcl seeds`` makes them. The "Seeds" section gives, per experiment and per tag
-(``--tags``, default ``val/acc_ema val/acc``), the mean ± sample std over its runs, n and the 95% Student-t
-interval, at the last round all its runs logged (``fedrcl.analysis.seed_stats``). Versions of one run folder
-with other seeds are separate runs.
+logged, callbacks, checkpoint frequency, the data folder, the round budget, devices, batched or compiled
+clients, evaluation batch size) are one experiment under several seeds, as ``fedrcl seeds`` makes them. The
+"Seeds" section gives, per experiment and per tag (``--tags``, default ``val/acc_ema val/acc``), the mean ±
+sample std over its runs, n and the 95% Student-t interval, at the last round all its runs logged
+(``fedrcl.analysis.seed_stats``). Versions of one run folder with other seeds are separate runs.
 """
 from __future__ import annotations
 
@@ -42,17 +42,22 @@ import yaml
 
 from fedrcl.analysis.runs import Curve, load_scalars
 from fedrcl.analysis.seed_stats import summarize_seeds
+from fedrcl.federated.fingerprint import IGNORED
 
 __all__ = ["RunResult", "load_paper_results", "run_setting", "collect_runs", "experiment_key", "seed_groups",
            "render_seed_table", "render_report", "main"]
 
 EMA_TAG = "val/acc_ema"
 SEED_KEYS = ("seed_everything", "trainer.seed", "data.seed")
-# Keys that say where and how a run is logged, checkpointed, stopped or laid out in memory, not what it trains.
-EXPERIMENT_IGNORES = ("trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar", "data.channels_last",
-                      "trainer.enable_model_summary", "trainer.enable_checkpointing",
-                      "trainer.default_root_dir", "trainer.checkpoint_every", "trainer.log_every_n_steps",
-                      "trainer.rounds", "ckpt_path", "data.root", "data.download", "config")
+# Keys that say where and how a run executes, is logged, checkpointed or stopped, not what it trains: the
+# resume fingerprint's ignored keys, and the trainer's execution switches (batched or compiled clients,
+# devices, processes, evaluation cadence; they change rounding at most).
+EXPERIMENT_IGNORES = IGNORED + (
+    "trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar", "trainer.enable_model_summary",
+    "trainer.enable_checkpointing", "trainer.default_root_dir", "trainer.checkpoint_every",
+    "trainer.log_every_n_steps", "trainer.eval_every", "trainer.rounds", "trainer.resume_allow_changes",
+    "trainer.client_batching", "trainer.compile_clients", "trainer.accelerator", "trainer.strategy",
+    "trainer.devices", "trainer.num_nodes", "torch_threads", "weights_only", "ckpt_path", "config")
 DEFAULT_SEED_TAGS = ("val/acc_ema", "val/acc")
 
 

@@ -60,8 +60,12 @@ def test_seed_bookkeeping_keys_do_not_make_another_experiment():
     other = yaml.safe_load(yaml.safe_dump(base))
     other.update(seed_everything=1)
     other["trainer"].update(seed=1, rounds=20, logger={"init_args": {"name": "a/seed1"}})
-    other["data"].update(seed=1, root="elsewhere")
+    other["data"].update(seed=1, root="elsewhere", eval_batch_size=100, channels_last="off")
+    other["trainer"].update(client_batching="on", compile_clients=True, devices=2, eval_every=5)
     assert experiment_key(base) == experiment_key(other)
+    other["trainer"]["local_epochs"] = 2
+    assert experiment_key(base) != experiment_key(other)
+    del other["trainer"]["local_epochs"]
     other["model"]["init_args"]["lr"] = 0.05
     assert experiment_key(base) != experiment_key(other)
 
