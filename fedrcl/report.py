@@ -42,7 +42,7 @@ import yaml
 
 from fedrcl.analysis.runs import Curve, load_scalars
 from fedrcl.analysis.seed_stats import summarize_seeds
-from fedrcl.federated.fingerprint import IGNORED
+from fedrcl.federated.fingerprint import IGNORED, flatten
 
 __all__ = ["RunResult", "load_paper_results", "run_setting", "collect_runs", "experiment_key", "seed_groups",
            "render_seed_table", "render_report", "main"]
@@ -76,7 +76,7 @@ class RunResult:
     @property
     def seeds(self) -> dict[str, Any]:
         """``{"seed_everything": ..., "trainer.seed": ..., "data.seed": ...}`` from the saved config."""
-        flat = _flatten(self.config)
+        flat = flatten(self.config)
         return {key: flat.get(key) for key in SEED_KEYS}
 
     @property
@@ -151,20 +151,9 @@ def run_setting(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a.b.c": value}`` of a nested config (lists kept whole)."""
-    if not isinstance(config, dict):
-        return {prefix: config}
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        flat.update(_flatten(value, name) if isinstance(value, dict) else {name: value})
-    return flat
-
-
 def experiment_key(config: dict[str, Any]) -> tuple:
     """What a run trains, from its saved config: everything but the seeds and ``EXPERIMENT_IGNORES``."""
-    flat = _flatten(config)
+    flat = flatten(config)
     keep = {k: v for k, v in flat.items() if k not in SEED_KEYS and not any(
         k == ignored or k.startswith(ignored + ".") for ignored in EXPERIMENT_IGNORES)}
     return tuple(sorted((k, repr(v)) for k, v in keep.items()))
@@ -191,7 +180,7 @@ def collect_runs(root: str | Path) -> list[RunResult]:
                 continue
             config = yaml.safe_load((version / "config.yaml").read_text()) or {}
             setting = run_setting(config)
-            seeds = _flatten(config)
+            seeds = flatten(config)
             key = (tuple(sorted(setting.items())), tuple(repr(seeds.get(k)) for k in SEED_KEYS))
             groups.setdefault(key, []).append(version)
             settings[key], configs[key] = setting, config

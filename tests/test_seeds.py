@@ -68,6 +68,14 @@ def test_seed_bookkeeping_keys_do_not_make_another_experiment():
     del other["trainer"]["local_epochs"]
     other["model"]["init_args"]["lr"] = 0.05
     assert experiment_key(base) != experiment_key(other)
+    # list values are part of the setting (levels); callbacks, a list of class_path mappings, are not
+    other = yaml.safe_load(yaml.safe_dump(base))
+    base["model"]["init_args"]["levels"] = [1, 2]
+    base["trainer"]["callbacks"] = [{"class_path": "fedrcl.analysis.ClientEvaluation", "init_args": {"every": 5}}]
+    other["model"]["init_args"]["levels"] = [1, 2]
+    assert experiment_key(base) == experiment_key(other)
+    other["model"]["init_args"]["levels"] = [2]
+    assert experiment_key(base) != experiment_key(other)
 
 
 def fit_args(data_root: Path, save_dir: Path, model: str) -> list[str]:
