@@ -6,12 +6,14 @@
 - ``runs``: ``find_runs``, ``load_scalars`` read runs back from their TensorBoard logs.
 - ``client_evaluation``: ``ClientEvaluation``, a callback measuring the global model on every client's label
   mix and the round's local models (``label_mix_accuracy``, ``spread_summary``: pure functions).
+- ``compare``: ``crossing``: the rounds where one method's curve passes another's (the paper's headline).
 - ``seed_stats``: ``summarize_seeds``, ``t_quantile``, ``seed_curves``: mean, std and 95% interval over seeds.
 - ``clients``: ``partition_counts``; ``python -m fedrcl.analysis.partitions`` writes a partition PNG.
 - ``plots``: ``plot_partition``, ``plot_runs``, ``plot_levels`` (matplotlib, imported on first use).
 """
 from fedrcl.analysis.client_evaluation import ClientEvaluation, label_mix_accuracy, spread_summary
 from fedrcl.analysis.clients import partition_counts
+from fedrcl.analysis.compare import Crossing, crossing
 from fedrcl.analysis.metrics import (
     class_covariances,
     deviation_bound,
@@ -25,10 +27,12 @@ from fedrcl.analysis.seed_stats import SeedSummary, seed_curves, summarize_seeds
 
 __all__ = [
     "ClientEvaluation",
+    "Crossing",
     "LEVEL_METRICS",
     "RepresentationMonitor",
     "SeedSummary",
     "class_covariances",
+    "crossing",
     "deviation_bound",
     "effective_rank",
     "find_runs",
