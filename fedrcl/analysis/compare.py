@@ -38,7 +38,8 @@ def crossing(reference: Curve, challenger: Curve) -> Crossing:
     rounds, ref_idx, ch_idx = np.intersect1d(reference[0], challenger[0], return_indices=True)
     if not len(rounds):
         raise ValueError("the two curves have no round in common")
-    above = np.asarray(challenger[1])[ch_idx] > np.asarray(reference[1])[ref_idx]
+    gaps = np.asarray(challenger[1])[ch_idx] - np.asarray(reference[1])[ref_idx]
+    above = gaps > 0
     first = int(rounds[np.argmax(above)]) if above.any() else None
     # the last round that is not above, and the round after it
     below = np.flatnonzero(~above)
@@ -46,5 +47,4 @@ def crossing(reference: Curve, challenger: Curve) -> Crossing:
         above_from = int(rounds[below[-1] + 1]) if len(below) else int(rounds[0])
     else:
         above_from = None
-    gap = float(np.asarray(challenger[1])[ch_idx[-1]] - np.asarray(reference[1])[ref_idx[-1]])
-    return Crossing(first, above_from, int(rounds[-1]), gap)
+    return Crossing(first, above_from, int(rounds[-1]), float(gaps[-1]))
