@@ -2,8 +2,9 @@
 # FedAvg vs FedRCL over 3 seeds at CPU scale (small CNN, CIFAR-10 alpha 0.1, 200 rounds), with per-client
 # evaluation every 5 rounds: the runs, the report (mean ± std, n, 95% interval; per-client spread) and the
 # figure (mean curve, band of one std) for docs/results.md.
-# Usage: bench/cifar10_seeds.sh [METHOD...]        METHOD: fedavg fedrcl (default both) or fedscl; "report"
-#        only writes the report and the figure of every method already under SAVE_DIR. On 2 cores, one lane
+# Usage: bench/cifar10_seeds.sh [METHOD...]        METHOD: fedavg fedrcl (default both), or any
+#        configs/methods/<name>.yaml (fedscl fedlc moon ...) with its paper hyperparameters; "report" only
+#        writes the report and the figure of every method already under SAVE_DIR. On 2 cores, one lane
 #        per method packs best (3 waves of 2 one-thread runs):
 #          PARALLEL=1 bench/cifar10_seeds.sh fedavg & PARALLEL=1 bench/cifar10_seeds.sh fedrcl & wait
 #          bench/cifar10_seeds.sh report
@@ -22,21 +23,32 @@ save_dir=${SAVE_DIR:-runs/seeds}
 out=${OUT:-docs/results_cnn_seeds}
 base=$(basename "$config" .yaml)
 methods=("$@"); [[ ${#methods[@]} -gt 0 ]] || methods=(fedavg fedrcl)
-declare -A models=([fedavg]=FedAvg [fedrcl]=FedRCL [fedscl]=FedSCL)
+# A method's arguments: FedRCL is the experiment config's own model; the others have a configs/methods file.
+method_args() {
+  if [[ $1 == fedrcl ]]; then echo --model fedrcl.algorithms.FedRCL
+  elif [[ -f configs/methods/$1.yaml ]]; then echo --config "configs/methods/$1.yaml"
+  else return 1; fi
+}
+# Its label in the figure: the class name it trains.
+label() {
+  if [[ $1 == fedrcl ]]; then echo FedRCL
+  else sed -n 's/^ *class_path: fedrcl\.algorithms\.//p' "configs/methods/$1.yaml"; fi
+}
 for method in "${methods[@]}"; do
   [[ $method == report ]] && continue
-  model=${models[$method]:-}
-  [[ -n $model ]] || { echo "unknown method $method (fedavg, fedrcl, fedscl, report)" >&2; exit 2; }
-  # shellcheck disable=SC2086  # SEEDS and EXTRA_ARGS are word lists
+  margs=$(method_args "$method") || {
+    echo "unknown method $method: fedrcl, report or one of: $(ls configs/methods | sed 's/\.yaml$//' | paste -sd ' ')" >&2; exit 2; }
+  # shellcheck disable=SC2086  # SEEDS, EXTRA_ARGS and the method's arguments are word lists
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} fedrcl seeds --seeds ${SEEDS:-0 1 2} --parallel "${PARALLEL:-2}" \
-    --config "$config" --model "fedrcl.algorithms.$model" \
+    --config "$config" $margs \
     --trainer.logger.init_args.save_dir "$save_dir" --trainer.logger.init_args.name "${base}_$method" \
     --trainer.callbacks+=fedrcl.analysis.ClientEvaluation --trainer.callbacks.init_args.every_n_rounds 5 \
     ${EXTRA_ARGS:-}
 done
 labels=()
-for method in fedavg fedscl fedrcl; do
-  [[ -d $save_dir/${base}_$method ]] && labels+=("${models[$method]}=$save_dir/${base}_$method")
+for run in "$save_dir/${base}"_*; do
+  method=${run##*/"${base}"_}
+  method_args "$method" >/dev/null && labels+=("$(label "$method")=$run")
 done
 mkdir -p "$(dirname "$out")"
 fedrcl report "$save_dir" --out "$out.md" --tags val/acc_ema val/acc clients/global_mix_acc_mean \
