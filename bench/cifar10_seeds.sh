@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Client methods over 3 seeds at CPU scale (FedAvg and FedRCL by default; small CNN, CIFAR-10 alpha 0.1,
-# 200 rounds), with per-client evaluation every 5 rounds: the runs, the report (mean ± std, n, 95% interval; per-client spread) and the
-# figure (mean curve, band of one std) for docs/results.md.
+# 200 rounds), with per-client evaluation every 5 rounds: the runs, the report (mean ± std, n, 95%
+# interval; per-client spread) and the figure (mean curve, band of one std) for docs/results.md.
 # Usage: bench/cifar10_seeds.sh [METHOD...]        METHOD: fedavg fedrcl (default both), or any
 #        configs/methods/<name>.yaml (fedscl fedlc moon ...) with its paper hyperparameters; "report" only
 #        writes the report and the figure of every method already under SAVE_DIR. On 2 cores, one lane
