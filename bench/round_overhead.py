@@ -3,10 +3,15 @@
 Same work: small CNN, 5 clients x 50 local steps (5 local epochs x 10) of batch 50 on CIFAR-shaped random
 data, the same on-device batch gather and augmentation, SGD with weight decay and clipping, sample-weighted
 averaging; FedAvg (cross-entropy) and FedRCL (cross-entropy + relaxed contrastive loss on every level).
-Framework and raw rounds alternate in one process; the first round of each block is a warm-up. Prints the
-median seconds per round of each and, last, ``overhead_ratio=<framework/raw>`` over both methods.
+The machine is noisy (2 shared vCPUs move a single ratio by 0.05-0.1), so the measurement is made of
+*pairs*: a pair runs one block of framework rounds and one block of raw rounds for each method, the order
+alternating from pair to pair (framework first, then raw first), and the first round of every block is a
+warm-up. Each pair gives one ratio, framework seconds over raw seconds summed over both methods, by wall
+clock and by CPU time of this process (``time.process_time``: what other jobs on the cores take is not
+counted). Prints every pair, then per method and overall the median ratio over pairs with its spread
+(min-max), and last ``overhead_ratio=<median wall ratio>``.
 
-    python bench/round_overhead.py [--device cpu|cuda] [--blocks 4] [--rounds 3] [--client-batching on|off]
+    python bench/round_overhead.py [--device cpu|cuda] [--pairs 5] [--rounds 3] [--client-batching on|off]
 """
 from __future__ import annotations
 
@@ -38,20 +43,32 @@ def write_fake_cifar(root: Path) -> None:
              classes=np.array([str(c) for c in range(10)]))
 
 
+def clocks() -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds)."""
+    return time.perf_counter(), time.process_time()
+
+
+def elapsed(start: tuple[float, float], device: str) -> tuple[float, float]:
+    """Wall and CPU seconds since ``start`` (after the GPU's queued work is done)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    wall, cpu = clocks()
+    return wall - start[0], cpu - start[1]
+
+
 class RoundTimer(L.Callback):
     def __init__(self):
-        self.seconds: list[float] = []
+        self.seconds: list[tuple[float, float]] = []
 
     def on_train_epoch_start(self, trainer, pl_module):
-        self._start = time.perf_counter()
+        self._start = clocks()
 
     def on_train_epoch_end(self, trainer, pl_module):
-        if trainer.strategy.root_device.type == "cuda":
-            torch.cuda.synchronize()
-        self.seconds.append(time.perf_counter() - self._start)
+        self.seconds.append(elapsed(self._start, trainer.strategy.root_device.type))
 
 
-def framework_rounds(method: type, root: Path, device: str, rounds: int, client_batching: str) -> list[float]:
+def framework_rounds(method: type, root: Path, device: str, rounds: int,
+                     client_batching: str) -> list[tuple[float, float]]:
     timer = RoundTimer()
     dm = FederatedDataModule(dataset="cifar10", root=str(root), num_clients=50, partition="iid", batch_size=50,
                              local_iters_per_epoch=10)
@@ -64,7 +81,7 @@ def framework_rounds(method: type, root: Path, device: str, rounds: int, client_
     return timer.seconds[1:]
 
 
-def raw_rounds(rcl: bool, root: Path, device: str, rounds: int) -> list[float]:
+def raw_rounds(rcl: bool, root: Path, device: str, rounds: int) -> list[tuple[float, float]]:
     dm = FederatedDataModule(dataset="cifar10", root=str(root), num_clients=50, partition="iid", batch_size=50,
                              local_iters_per_epoch=10)
     dm.setup("fit")
@@ -75,7 +92,7 @@ def raw_rounds(rcl: bool, root: Path, device: str, rounds: int) -> list[float]:
     global_state = {k: v.clone() for k, v in net.state_dict().items()}
     seconds = []
     for round_idx in range(rounds):
-        start = time.perf_counter()
+        start = clocks()
         total = {k: torch.zeros_like(v) for k, v in global_state.items()}
         rng = np.random.default_rng([0, round_idx])
         for client in rng.choice(dm.num_clients, 5, replace=False).tolist():
@@ -94,33 +111,60 @@ def raw_rounds(rcl: bool, root: Path, device: str, rounds: int) -> list[float]:
             for k, v in net.state_dict().items():
                 total[k] += v * dm.client_num_samples(client)
         global_state = {k: v / (5 * dm.client_num_samples(0)) for k, v in total.items()}
-        if device == "cuda":
-            torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - start)
+        seconds.append(elapsed(start, device))
     return seconds[1:]
+
+
+def block_seconds(rounds: list[tuple[float, float]]) -> tuple[float, float]:
+    """Median wall and CPU seconds per round of one block."""
+    return statistics.median(w for w, _ in rounds), statistics.median(c for _, c in rounds)
+
+
+def summary(ratios: list[float]) -> str:
+    """Median over pairs with its spread."""
+    low, high = min(ratios), max(ratios)
+    return f"{statistics.median(ratios):.3f} (min {low:.3f}, max {high:.3f}, {len(ratios)} pairs)"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--pairs", type=int, default=5, help="framework/raw pairs per method")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per block (the first is a warm-up)")
     parser.add_argument("--client-batching", default="auto", help="fedrcl's trainer.client_batching")
     args = parser.parse_args()
+    if args.rounds < 2:
+        parser.error("--rounds must be >= 2 (the first round of a block is a warm-up)")
     L.seed_everything(0, verbose=False)
+    methods = (("FedAvg", FedAvg, False), ("FedRCL", FedRCL, True))
+    ratios: dict[str, list[float]] = {f"{m} {clock}": [] for m in ("FedAvg", "FedRCL", "all")
+                                      for clock in ("wall", "cpu")}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write_fake_cifar(root)
-        times = {}
-        for name, method, rcl in (("FedAvg", FedAvg, False), ("FedRCL", FedRCL, True)):
-            fw, raw = [], []
-            for _ in range(args.blocks):
-                fw += framework_rounds(method, root, args.device, args.rounds, args.client_batching)
-                raw += raw_rounds(rcl, root, args.device, args.rounds)
-            times[name] = (statistics.median(fw), statistics.median(raw))
-            print(f"{name}: framework {times[name][0]:.3f} s/round, raw {times[name][1]:.3f} s/round, "
-                  f"ratio {times[name][0] / times[name][1]:.3f} ({len(fw)} rounds each, {args.device})")
-    print(f"overhead_ratio={sum(f for f, _ in times.values()) / sum(r for _, r in times.values()):.3f}")
+        for pair in range(args.pairs):
+            sums = {"fw": [0.0, 0.0], "raw": [0.0, 0.0]}
+            for name, method, rcl in methods:
+                order = ("fw", "raw") if pair % 2 == 0 else ("raw", "fw")
+                seconds = {}
+                for kind in order:
+                    rounds = (framework_rounds(method, root, args.device, args.rounds, args.client_batching)
+                              if kind == "fw" else raw_rounds(rcl, root, args.device, args.rounds))
+                    seconds[kind] = block_seconds(rounds)
+                for kind in ("fw", "raw"):
+                    sums[kind][0] += seconds[kind][0]
+                    sums[kind][1] += seconds[kind][1]
+                for i, clock in enumerate(("wall", "cpu")):
+                    ratios[f"{name} {clock}"].append(seconds["fw"][i] / seconds["raw"][i])
+                print(f"pair {pair} {name} ({'framework first' if order[0] == 'fw' else 'raw first'}): "
+                      f"framework {seconds['fw'][0]:.3f} s wall / {seconds['fw'][1]:.3f} s cpu, "
+                      f"raw {seconds['raw'][0]:.3f} / {seconds['raw'][1]:.3f}", flush=True)
+            for i, clock in enumerate(("wall", "cpu")):
+                ratios[f"all {clock}"].append(sums["fw"][i] / sums["raw"][i])
+    for key, values in ratios.items():
+        print(f"{key} ratio: median {summary(values)}")
+    print(f"cpu_ratio={statistics.median(ratios['all cpu']):.3f}")
+    print(f"overhead_ratio={statistics.median(ratios['all wall']):.3f}")
 
 
 if __name__ == "__main__":
