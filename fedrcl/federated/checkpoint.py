@@ -28,6 +28,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from fedrcl.federated.deadline import stopped_after_round
 from fedrcl.federated.divergence import all_finite
 from fedrcl.federated.fingerprint import allowed, compare, refused_changes
 
@@ -134,7 +135,7 @@ class RoundCheckpoint(ModelCheckpoint):
         done = trainer.current_epoch + 1
         if self._should_skip_saving_checkpoint(trainer):
             return
-        if done % self._every_n_epochs == 0 or done == trainer.max_epochs:
+        if done % self._every_n_epochs == 0 or done == trainer.max_epochs or stopped_after_round(trainer):
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)

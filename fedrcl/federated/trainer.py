@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from fedrcl.federated.checkpoint import (RoundCheckpoint, check_configuration, find_resumable,
                                          with_atomic_checkpoint_io)
 from fedrcl.federated.batched import ClientBatching
+from fedrcl.federated.deadline import round_timer
 from fedrcl.federated.federation import Federation
 from fedrcl.federated.fingerprint import run_fingerprint
 from fedrcl.federated.progress import round_progress
@@ -80,6 +81,7 @@ class FederatedTrainer(L.Trainer):
                                      allow_changes=resume_allow_changes or (),
                                      client_batching=ClientBatching(client_batching, compile_clients))
         callbacks = list(kwargs.pop("callbacks", None) or [])
+        callbacks += round_timer(kwargs.pop("max_time", None), callbacks)  # checked after each round
         if kwargs.get("enable_checkpointing", True) is not False:  # a user's ModelCheckpoint adds files
             callbacks.append(RoundCheckpoint(checkpoint_every))
         kwargs["plugins"] = with_atomic_checkpoint_io(kwargs.get("plugins"))
