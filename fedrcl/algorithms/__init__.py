@@ -10,6 +10,8 @@ from fedrcl.algorithms.moon import MOON
 from fedrcl.algorithms.fedmlb import FedMLB
 from fedrcl.algorithms.fedproc import FedProc
 from fedrcl.algorithms.fedcl import FedCL
+from fedrcl.algorithms.scaffold import SCAFFOLD
+from fedrcl.algorithms.feddyn import FedDyn
 
 __all__ = ["FedAvg", "FedRCL", "FedSCL", "FedProx", "FedLC", "FedDecorr", "FedNTD", "FitNet", "MOON", "FedMLB",
-           "FedProc", "FedCL"]
+           "FedProc", "FedCL", "SCAFFOLD", "FedDyn"]

@@ -4,10 +4,12 @@
 - ``info_nce``: FedCL's two-view InfoNCE. ``model_contrastive``: MOON. ``prototype_contrastive``: FedProc.
 - ``proximal``: FedProx's squared distance. ``decorrelation``: FedDecorr.
 - ``not_true_distillation``: FedNTD. ``feature_distillation``: FitNet. ``branch_distillation``: FedMLB.
-- ``logit_calibration``: FedLC.
+- ``logit_calibration``: FedLC. ``control_variate``: SCAFFOLD. ``dynamic_regularizer``: FedDyn.
 """
 from fedrcl.losses.branch_distillation import hybrid_branch_losses
+from fedrcl.losses.control_variate import control_variate_delta, linear_term
 from fedrcl.losses.decorrelation import decorrelation_loss
+from fedrcl.losses.dynamic_regularizer import dual_update, dynamic_regularizer
 from fedrcl.losses.feature_distillation import hint_losses
 from fedrcl.losses.info_nce import info_nce
 from fedrcl.losses.logit_calibration import calibrated_cross_entropy, calibration_offsets
@@ -21,10 +23,14 @@ __all__ = [
     "calibrated_cross_entropy",
     "calibration_offsets",
     "class_feature_sums",
+    "control_variate_delta",
     "decorrelation_loss",
+    "dual_update",
+    "dynamic_regularizer",
     "hint_losses",
     "hybrid_branch_losses",
     "info_nce",
+    "linear_term",
     "model_contrastive_loss",
     "not_true_distillation",
     "not_true_logits",

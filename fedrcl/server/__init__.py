@@ -5,7 +5,9 @@ Picked with ``trainer.server`` (class path plus init_args), e.g. ``--config conf
 from fedrcl.server.base import FedAvg, ServerOptimizer, StatefulServer
 from fedrcl.server.fedacg import FedACG
 from fedrcl.server.fedavgm import FedAvgM
+from fedrcl.server.feddyn import FedDyn
 from fedrcl.server.fedopt import FedAdagrad, FedAdam, FedOpt, FedYogi
+from fedrcl.server.scaffold import SCAFFOLD
 
-__all__ = ["FedACG", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedYogi", "ServerOptimizer",
-           "StatefulServer"]
+__all__ = ["FedACG", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedOpt", "FedYogi", "SCAFFOLD",
+           "ServerOptimizer", "StatefulServer"]

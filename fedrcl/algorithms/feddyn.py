@@ -1,0 +1,72 @@
+"""FedDyn client (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021); its server
+half is ``fedrcl.server.FedDyn`` (``trainer.server``), which also holds alpha.
+
+    loss = CE(f(x), y) - <g_i, theta> + alpha/2 ||theta - theta_server||^2
+
+over the backbone's parameters, with ``theta_server`` the broadcast weights and ``g_i`` the client's dual
+variable (0 at its first participation; kept on the client, ``PersistentClientState``), updated after local
+training as ``g_i <- g_i - alpha (theta_i - theta_server)`` (``fedrcl.losses.dynamic_regularizer``).
+The client uploads its weights only (and tells the server its sample count); FedDyn costs FedAvg's bytes.
+Execution: batched clients stack ``g_i`` (``client_tensors``); several processes sum the sample counts at
+the server step (``fedrcl.server.client_reports``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedrcl.algorithms.client_memory import PersistentClientState
+from fedrcl.federated.context import ClientContext
+from fedrcl.losses.dynamic_regularizer import dual_update, dynamic_regularizer
+from fedrcl.models.output import ModelOutput
+from fedrcl.server.feddyn import FedDyn as FedDynServer
+
+
+class FedDyn(PersistentClientState):
+    """Cross-entropy plus the dynamic regulariser (see the module docstring).
+
+    Args: those of ``PersistentClientState`` (where the g_i files go) and ``FedAvg``; alpha is the server's
+    (``trainer.server.init_args.alpha``), shared by both halves.
+    """
+
+    client_tensors = ("_dual",)
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._dual = torch.zeros(0)
+        self._anchors: list[Tensor] = []
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        self.server = self.trainer.federation.server
+        if not isinstance(self.server, FedDynServer):
+            raise ValueError(f"model FedDyn needs trainer.server fedrcl.server.FedDyn (its server half), got "
+                             f"{type(self.server).__name__}: add --config configs/methods/feddyn.yaml")
+        dm = self.trainer.datamodule
+        self._total_samples = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
+
+    def on_client_start(self, client: ClientContext) -> None:
+        super().on_client_start(client)
+        names = [name for name, _ in self.backbone.named_parameters()]
+        self._anchors = [client.global_state[n] for n in names]
+        own = self.load_client_state(client.client_id)
+        self._dual = torch.cat([(torch.zeros_like(a) if own is None else own[n]).reshape(-1)
+                                for n, a in zip(names, self._anchors)])
+
+    def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        ce = F.cross_entropy(out.logits, y)
+        dyn = dynamic_regularizer(list(self.backbone.parameters()), self._dual, self._anchors, self.server.alpha)
+        return ce + dyn, {"ce": ce, "dyn": dyn}
+
+    @torch.no_grad()
+    def on_client_end(self, client: ClientContext) -> None:
+        own = self.load_client_state(client.client_id)
+        state = {n: dual_update(torch.zeros_like(p) if own is None else own[n], p, client.global_state[n],
+                                self.server.alpha)
+                 for n, p in self.backbone.named_parameters()}
+        self.save_client_state(client, state)
+        self.server.receive(client.num_samples, self._total_samples)
+        self._anchors = []

@@ -1,0 +1,95 @@
+"""SCAFFOLD client (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",
+ICML 2020), option II control variates; its server half is ``fedrcl.server.SCAFFOLD`` (``trainer.server``).
+
+    loss = CE(f(x), y) + <c - c_i, theta>        (every local gradient corrected by c - c_i)
+
+``c`` is the server's control variate (received with the weights), ``c_i`` the client's own (0 at its first
+participation; kept on the client, ``PersistentClientState``). After the K local steps, with ``x`` the
+received and ``y_i`` the final weights (``fedrcl.losses.control_variate``):
+
+    c_i+ = c_i - c + (x - y_i) / sum_k eta_k,   upload delta c_i = c_i+ - c_i (as well as y_i)
+
+The learning rate: ``eta_k`` is the lr the optimizer used at step k (the round's lr_decay and each local
+epoch's local_lr_decay included), and ``sum_k eta_k`` replaces the paper's ``K eta`` (its lr is constant;
+FL-bench and PFLlib divide by K times the initial lr, which differs once the lr decays). With plain SGD
+(momentum 0), ``(x - y_i) / sum_k eta_k`` is then exactly the lr-weighted mean of the K steps' directions,
+so ``c_i+`` is the mean local gradient that option II estimates. Those directions are what SGD applied:
+the gradient of CE plus the correction, clipped to ``grad_clip_norm`` when it is longer, plus weight decay
+(``weight_decay * theta``, part of the local objective, so part of ``c_i``); a clipped step makes ``c_i+``
+the mean *clipped* gradient. Momentum would mix steps; fedrcl's paper settings use none.
+
+Bytes: the upload is the weights plus ``delta c_i`` (``extra_upload``), the download the weights plus ``c``
+(the server's ``extra_broadcast``): twice FedAvg's traffic each way, counted in ``comm/``.
+Execution: batched clients stack ``c - c_i`` (``client_tensors``); several processes sum the clients'
+``delta c_i`` at the server step (``fedrcl.server.client_reports``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedrcl.algorithms.client_memory import PersistentClientState
+from fedrcl.federated.context import ClientContext
+from fedrcl.losses.control_variate import control_variate_delta, linear_term
+from fedrcl.models.output import ModelOutput
+from fedrcl.server.scaffold import SCAFFOLD as ScaffoldServer
+
+
+class SCAFFOLD(PersistentClientState):
+    """Cross-entropy with the control-variate correction (see the module docstring).
+
+    Args: those of ``PersistentClientState`` (where the c_i files go) and ``FedAvg``; SCAFFOLD's global
+    step size is the server's (``trainer.server.init_args.global_lr``).
+    """
+
+    client_tensors = ("_correction",)
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._correction = torch.zeros(0)
+        self._lr_sum = 0.0
+        self._upload: dict[str, Tensor] = {}
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        self.server = self.trainer.federation.server
+        if not isinstance(self.server, ScaffoldServer):
+            raise ValueError(f"model SCAFFOLD needs trainer.server fedrcl.server.SCAFFOLD (its server half), got "
+                             f"{type(self.server).__name__}: add --config configs/methods/scaffold.yaml")
+        dm = self.trainer.datamodule
+        self._total_samples = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
+
+    def on_client_start(self, client: ClientContext) -> None:
+        super().on_client_start(client)
+        names = [name for name, _ in self.backbone.named_parameters()]
+        control = self.server.control({n: client.global_state[n] for n in names})
+        own = self.load_client_state(client.client_id)
+        self._correction = torch.cat([(control[n] if own is None else control[n] - own[n]).reshape(-1)
+                                      for n in names])
+        self._lr_sum = 0.0
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._lr_sum += optimizer.param_groups[0]["lr"]  # a Python float: no device sync
+
+    def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        ce = F.cross_entropy(out.logits, y)
+        return ce + linear_term(self.backbone.parameters(), self._correction), {"ce": ce}
+
+    @torch.no_grad()
+    def on_client_end(self, client: ClientContext) -> None:
+        params = dict(self.backbone.named_parameters())
+        control = self.server.control(params)
+        delta = {n: control_variate_delta(client.global_state[n], p, self._lr_sum, control[n])
+                 for n, p in params.items()}
+        own = self.load_client_state(client.client_id)
+        self.save_client_state(client, delta if own is None else {n: own[n] + d for n, d in delta.items()})
+        self.server.receive(delta, client.num_samples, self._total_samples)
+        self._upload = delta
+
+    def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:
+        """``delta c_i``, sent with the weights (called after ``on_client_end``)."""
+        upload, self._upload = self._upload, {}
+        return upload
