@@ -19,8 +19,9 @@ Cost: a state costs its tensors' bytes (ResNet-18, float32: 44.7 MB) on disk onc
 checkpoint that saw a new version of it (plus the versions trained since the last checkpoint), and at most
 ``max_in_memory`` of them in CPU memory. Deleting old round checkpoints frees their files at the next one.
 Several processes share one folder (a client may train on another process in each round): each writes
-the clients it trains and ``adopt``s what the others wrote (MOON exchanges that after every round), so every
-process holds the whole manifest, and the checkpoint that rank 0 writes covers every process's clients.
+the clients it trains and takes over (``adopt``) what the others wrote (MOON exchanges that after every
+round), so every process holds the whole manifest, and the checkpoint that rank 0 writes covers every
+process's clients.
 """
 from __future__ import annotations
 
@@ -67,6 +68,10 @@ class ClientStateStore:
 
     def __len__(self) -> int:
         return len(self._files)
+
+    def file(self, client_id: int) -> Optional[Path]:
+        """The file of client ``client_id``'s current state (``None`` if it has none)."""
+        return self._files.get(client_id)
 
     def put(self, client_id: int, state: Mapping[str, Tensor], round_idx: int) -> Path:
         """Store a copy of ``state`` (any device) as client ``client_id``'s state after round ``round_idx``;

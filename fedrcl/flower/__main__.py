@@ -1,0 +1,3 @@
+from fedrcl.flower.simulation import main
+
+main()

@@ -1,0 +1,104 @@
+"""The fedrcl ClientApp: a Flower node that trains the fedrcl clients of its partition on request.
+
+A node serves the clients ``partition-id, partition-id + num-partitions, ...`` of the split (its
+``node_config``; in Flower's simulation every node has them, on a SuperNode pass ``--node-config
+"partition-id=0 num-partitions=2"``). Messages:
+
+Every message carries ``fedrcl.run``: the server's fedrcl arguments (a node needs no config of its own;
+``node_config`` ``data-root`` points it at its local data).
+
+- ``query``: reply which clients this node serves (the server maps each client to its node once).
+- ``train``: content ``fedrcl.round`` (``round_idx``, ``client_id``) and ``fedrcl.sent`` (the broadcast
+  weights); the client algorithm's own local update runs (``fedrcl.federated.local_update.LocalUpdate``,
+  the engine's code path and (seed, round, client) streams); the reply holds ``fedrcl.weights``, the summed
+  step losses ``fedrcl.train`` and ``fedrcl.status`` (a non-finite loss or weights, for the server to stop
+  the round with).
+
+The module, data and optimizer are built once per process and run (``_local_update``), never per client.
+Per-client state (MOON's previous model) stays on the node: the algorithm's ``ClientStateStore`` writes its
+files under the node's ``state-dir`` (default: a folder of the run under the system's temp folder), and
+the node's Flower ``Context.state`` keeps which file is each client's current one, so a new ClientApp
+process (a SuperNode starts one per message; the simulation may use several) reads the right file.
+"""
+from __future__ import annotations
+
+import tempfile
+import zlib
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedrcl.federated.client_state import ClientStateStore
+from fedrcl.federated.local_update import LocalUpdate
+from fedrcl.flower.config import build, client_args
+
+_STATE_KEY = "fedrcl.client_state"
+_PROCESS: dict[tuple, LocalUpdate] = {}  # this process's client machinery, per (run, args, state dir)
+
+
+def served_clients(node_config: dict, num_clients: int) -> list[int]:
+    """The clients of a node: ``range(partition-id, num_clients, num-partitions)``."""
+    part, parts = int(node_config.get("partition-id", 0)), int(node_config.get("num-partitions", 1))
+    if not 0 <= part < parts:
+        raise ValueError(f"node_config partition-id={part} must be in [0, num-partitions={parts})")
+    return list(range(part, num_clients, parts))
+
+
+def node_args(message: Message, context: Context) -> list[str]:
+    """The server's fedrcl arguments (sent in every message), with the node's own ``data-root`` if set."""
+    args = [str(a) for a in message.content["fedrcl.run"]["args"]]
+    if "data-root" in context.node_config:
+        args += ["--data.root", str(context.node_config["data-root"])]
+    return args
+
+
+def _local_update(context: Context, args: list[str]) -> LocalUpdate:
+    default = Path(tempfile.gettempdir()) / "fedrcl-flower" / f"run{context.run_id}"
+    state_dir = str(context.node_config.get("state-dir", default))
+    key = (context.run_id, tuple(args), state_dir)
+    if key not in _PROCESS:
+        _PROCESS.clear()  # a new run: drop the previous run's model and data
+        cli = build([*args, *client_args(state_dir)])
+        _PROCESS[key] = LocalUpdate(cli.trainer, cli.model, cli.datamodule)
+    return _PROCESS[key]
+
+
+def make_client_app() -> ClientApp:
+    """The ClientApp. It takes fedrcl's arguments from the server's messages, so a node needs no config of
+    its own: only its partition (and, if its data lies elsewhere than the config says, ``data-root``)."""
+    app = ClientApp()
+
+    @app.query()
+    def query(message: Message, context: Context) -> Message:
+        update = _local_update(context, node_args(message, context))
+        clients = served_clients(context.node_config, update.datamodule.num_clients)
+        return Message(RecordDict({"fedrcl.clients": ConfigRecord({"clients": clients})}), reply_to=message)
+
+    @app.train()
+    def train(message: Message, context: Context) -> Message:
+        args = node_args(message, context)
+        update = _local_update(context, args)
+        task = message.content["fedrcl.round"]
+        round_idx, client_id = int(task["round_idx"]), int(task["client_id"])
+        if client_id not in served_clients(context.node_config, update.datamodule.num_clients):
+            raise ValueError(f"client {client_id} is not served by this node ({dict(context.node_config)})")
+        store = getattr(update.module, "store", None)
+        store = store if isinstance(store, ClientStateStore) else None
+        state_key = f"{_STATE_KEY}.{zlib.crc32(' '.join(args).encode()):08x}"  # per fedrcl run
+        manifest = context.state.get(state_key, ConfigRecord())
+        known = manifest.get(str(client_id))
+        if store is not None and known is not None and str(store.file(client_id)) != known:
+            store.adopt({client_id: known})  # written by another process of this node
+        result = update.run(round_idx, client_id, message.content["fedrcl.sent"].to_torch_state_dict())
+        if store is not None and store.file(client_id) is not None:
+            manifest[str(client_id)] = str(store.file(client_id))
+            context.state[state_key] = manifest
+        content = RecordDict({
+            "fedrcl.weights": ArrayRecord.from_torch_state_dict(result.weights),
+            "fedrcl.train": MetricRecord({"client_id": client_id, "steps": result.steps, **result.loss_sums}),
+            "fedrcl.status": ConfigRecord({"failure": result.failure or ""}),
+        })
+        return Message(content, reply_to=message)
+
+    return app

@@ -1,0 +1,134 @@
+"""The fedrcl ServerApp: the strategy's rounds, central evaluation, and the run folder of ``fedrcl fit``.
+
+``run_federation(grid, args)`` builds the run from fedrcl's arguments exactly as ``fedrcl fit`` does (same
+initial weights, split, server optimizer, logger), then runs ``FedrclStrategy.start``. After each round,
+on the server: the global model is evaluated on the whole test set every ``trainer.eval_every`` rounds
+(``val/acc`` and the accuracy EMA ``val/acc_ema``, the algorithm's own ``validation_step``); the round's
+scalars go to the config's logger with the round as the step (``train/loss*``, ``train/lr``,
+``time/round_seconds``, fedrcl's ``comm/*`` and ``time/*`` ledger, and ``flower/down_bytes`` /
+``flower/up_bytes``, the bytes Flower's ArrayRecords carried); checkpoints are written every
+``trainer.checkpoint_every`` rounds and after the last one. The run folder holds ``config.yaml`` and
+``split.json`` as ``fedrcl fit`` writes them.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Optional
+
+import torch
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+
+from fedrcl.data.datamodule import EvalBatches
+from fedrcl.federated.federation import load_state_
+from fedrcl.federated.local_update import attach
+from fedrcl.flower.config import Args, as_args, build, run_args
+from fedrcl.flower.strategy import FedrclStrategy
+
+
+def unsupported(module, trainer) -> Optional[str]:
+    """Why this run cannot go through Flower (``None`` if it can)."""
+    for name in ("extra_download", "extra_upload"):
+        if hasattr(module, name):
+            return (f"{type(module).__name__} exchanges more than weights ({name}): its server-side state "
+                    "is not carried over to Flower yet")
+    if hasattr(trainer.federation.server, "extra_broadcast"):
+        return f"{type(trainer.federation.server).__name__} broadcasts per-client extras, not carried over to Flower"
+    return None
+
+
+def evaluate(module, datamodule) -> float:
+    """Top-1 accuracy of ``module``'s global model on the test set (its ``validation_step``), and the EMA."""
+    module.eval()
+    with torch.no_grad():
+        for batch_idx, batch in enumerate(EvalBatches(datamodule)):
+            module.validation_step(batch, batch_idx)
+    module.train()
+    acc = module.val_acc.compute().item()
+    module.val_acc.reset()
+    module.acc_ema = acc if module.acc_ema is None else module.ema_decay * module.acc_ema + (1 - module.ema_decay) * acc
+    return acc
+
+
+def save_round(trainer, module, round_idx: int, steps: int) -> None:
+    """Mark round ``round_idx`` done in the trainer's loop state (``global_step``: the clients' local steps so
+    far), then let ``RoundCheckpoint`` write its files as at the end of a ``fedrcl fit`` round (while
+    ``trainer.current_epoch`` is the round's index), so ``--ckpt_path last`` reads them."""
+    loop = trainer.fit_loop
+    loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total.completed = steps
+    progresses = (loop.epoch_progress.current, loop.epoch_progress.total)
+    for progress in progresses:
+        progress.ready = progress.started = progress.processed = round_idx + 1
+        progress.completed = round_idx
+    for callback in trainer.checkpoint_callbacks:
+        callback.on_train_epoch_end(trainer, module)
+    for progress in progresses:
+        progress.completed = round_idx + 1
+
+
+def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: float = 600.0):
+    """Run fedrcl's federation ``args`` over ``grid``; returns the CLI objects (``cli.model`` holds the final
+    global model) and the strategy."""
+    args = as_args(args)
+    cli = build(args)
+    module, dm, trainer = cli.model, cli.datamodule, cli.trainer
+    why = unsupported(module, trainer)
+    if why:
+        raise NotImplementedError(why)
+    attach(trainer, module, dm)
+    for callback in trainer.callbacks:
+        if isinstance(callback, SaveConfigCallback):
+            callback.setup(trainer, module, "fit")  # config.yaml, as fedrcl fit writes it
+    dm._export_split()  # split.json
+    trainer.state.fn, trainer.state.stage = TrainerFn.FITTING, RunningStage.TRAINING
+    for callback in trainer.checkpoint_callbacks:
+        callback.setup(trainer, module, "fit")
+    federation = trainer.federation
+    federation.setup(trainer, module, "fit")  # the resume fingerprint kept in checkpoints
+    strategy = FedrclStrategy(federation.server, [dm.client_num_samples(k) for k in range(dm.num_clients)],
+                              federation.clients_per_round, federation.seed, node_wait=node_wait, algorithm=module,
+                              run_args=args, ledger=federation.ledger)
+    loggers = [getattr(lg.log_metrics, "__wrapped__", lg.log_metrics) for lg in trainer.loggers]
+    started = [time.perf_counter()]
+
+    def end_of_round(server_round: int, arrays: ArrayRecord) -> Optional[MetricRecord]:
+        if server_round == 0:  # fedrcl does not evaluate the initial model
+            return None
+        round_idx = strategy.round_idx(server_round)
+        load_state_(module.backbone, arrays.to_torch_state_dict())
+        metrics = dict(strategy.train_metrics)
+        metrics["train/lr"] = module.client_lr(round_idx, 0)
+        metrics["time/round_seconds"] = time.perf_counter() - started[0]
+        if (round_idx + 1) % trainer.check_val_every_n_epoch == 0:
+            with strategy.ledger.timed("evaluation"):
+                metrics["val/acc"] = evaluate(module, dm)
+            metrics["val/acc_ema"] = module.acc_ema
+        save_round(trainer, module, round_idx, strategy.steps)
+        _, ledger = strategy.ledger.metrics()
+        ledger.update({f"flower/{d}_bytes": float(n) for d, n in strategy.payload.items()})
+        for log_metrics in loggers:
+            log_metrics({**metrics, **ledger}, step=round_idx + 1)
+        started[0] = time.perf_counter()
+        return MetricRecord({k: float(v) for k, v in metrics.items()})
+
+    strategy.start(grid, ArrayRecord.from_torch_state_dict(module.backbone.state_dict()),
+                   num_rounds=trainer.max_epochs, timeout=timeout, evaluate_fn=end_of_round)
+    for logger in trainer.loggers:
+        logger.finalize("success")
+    return cli, strategy
+
+
+def make_server_app(args: Optional[Args] = None, timeout: float = 3600.0, more: Sequence[Args] = ()) -> ServerApp:
+    """The ServerApp for fedrcl's arguments ``args`` (``None``: the run config's ``fedrcl-args``); ``more``:
+    further runs, one after another on the same nodes (e.g. seeds, or methods compared)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        for run in (run_args(context.run_config, args), *more):
+            run_federation(grid, run, timeout=timeout)
+
+    return app

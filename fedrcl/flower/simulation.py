@@ -1,0 +1,45 @@
+"""One command, one machine: a fedrcl config through Flower's simulation runtime (Ray).
+
+    python -m fedrcl.flower --config configs/quickstart.yaml [any fedrcl fit flag ...]
+
+Runs ``make_server_app(args)`` and ``make_client_app()`` with ``flwr.simulation.run_simulation``, one
+virtual SuperNode per fedrcl client (``--num-supernodes N`` groups the clients into N nodes), each Ray
+actor with ``--cpus-per-client`` CPUs (default: all of them, so one actor trains the round's clients one
+after another, as ``fedrcl fit`` does). Writes the run folder ``fedrcl fit`` would write.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from typing import Optional
+
+from fedrcl.flower.config import Args, as_args, build
+
+
+def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: Optional[float] = None,
+             verbose: bool = False, more: Sequence[Args] = ()) -> None:
+    """Run fedrcl's arguments ``args`` through Flower's simulation (see the module docstring); ``more``:
+    further runs with the same number of clients, one after another in the same simulation (Ray and its
+    actors start once)."""
+    from flwr.simulation import run_simulation
+
+    from fedrcl.flower.client import make_client_app
+    from fedrcl.flower.server import make_server_app
+
+    args = as_args(args)
+    if num_supernodes is None:
+        num_supernodes = build([*args, "--trainer.logger", "false"]).datamodule.num_clients
+    resources = {"num_cpus": cpus_per_client or os.cpu_count() or 1, "num_gpus": 0.0}
+    run_simulation(make_server_app(args, more=[as_args(m) for m in more]), make_client_app(), num_supernodes=num_supernodes,
+                   backend_config={"client_resources": resources}, verbose_logging=verbose)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m fedrcl.flower", description=__doc__.split("\n")[0],
+                                     epilog="Every other argument is fedrcl fit's (--config, --trainer.*, ...).")
+    parser.add_argument("--num-supernodes", type=int, default=None, help="virtual nodes (default: one per client)")
+    parser.add_argument("--cpus-per-client", type=float, default=None, help="CPUs of each Ray actor (default: all)")
+    parser.add_argument("--verbose", action="store_true", help="Flower's DEBUG log")
+    known, rest = parser.parse_known_args(argv)
+    simulate(rest, known.num_supernodes, known.cpus_per_client, known.verbose)

@@ -1,0 +1,187 @@
+"""A Flower ``Strategy`` around any fedrcl server optimizer, with fedrcl's sampling and aggregation.
+
+Per round (``server_round`` 1-based, fedrcl's ``round_idx`` = ``first_round + server_round - 1``):
+
+- ``configure_train``: the clients of ``fedrcl.federated.sampling.sample_clients`` (seeded by (seed, round),
+  never Python's global ``random``), ``sent = server.broadcast(global)`` (FedACG: the look-ahead), one
+  ``train`` message per client to the node that serves it (nodes are asked once, with a ``query`` message,
+  which clients they serve);
+- ``aggregate_train``: the replies put back in the sampled order (never arrival order); a client that sent
+  an error, did not reply in time or reports a non-finite loss or weights stops the round with an error
+  naming it (a round never averages fewer clients); the sample-weighted float64 sum of
+  ``fedrcl.federated.aggregation.WeightedSum`` and ``server.step`` give the new global weights.
+
+The server optimizer's memory (momenta) lives in the strategy between rounds; ``ledger`` counts fedrcl's
+bytes and seconds, and ``payload`` the bytes Flower carried (``ArrayRecord.count_bytes``).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from logging import INFO
+from typing import Any, Optional
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedrcl.federated.aggregation import WeightedSum
+from fedrcl.federated.communication import RoundLedger
+from fedrcl.federated.context import ClientContext
+from fedrcl.federated.divergence import DivergenceError, all_finite, divergence_message
+from fedrcl.federated.sampling import sample_clients
+from fedrcl.server import ServerOptimizer
+
+
+class ClientFailure(RuntimeError):
+    """A client of the round sent an error or no reply: the round stops, naming it."""
+
+
+class FedrclStrategy(Strategy):
+    """fedrcl's round on Flower's Message API (see the module docstring).
+
+    Args:
+        server: the fedrcl server optimizer (``fedrcl.server``: FedAvg, FedAvgM, FedAdam, FedYogi,
+            FedAdagrad, FedACG).
+        num_samples: each client's training-set size (aggregation weights), in client order.
+        clients_per_round: clients sampled per round.
+        seed: the federation's seed (``trainer.seed``).
+        first_round: fedrcl round index of Flower's round 1 (a resumed run's next round).
+        node_wait: seconds to wait for nodes that serve every client before the first round.
+        algorithm: the client algorithm (for methods that send more than weights, ``extra_download`` /
+            ``extra_upload`` in ``fedrcl.federated.communication``).
+        run_args: fedrcl's arguments of the run, sent to the nodes with every message.
+        ledger: where bytes and seconds are counted (default: a new ``RoundLedger``).
+    """
+
+    def __init__(self, server: ServerOptimizer, num_samples: Sequence[int], clients_per_round: int, seed: int,
+                 first_round: int = 0, node_wait: float = 600.0, algorithm: Any = None,
+                 run_args: Sequence[str] = (), ledger: Optional[RoundLedger] = None):
+        self.server, self.num_samples = server, list(num_samples)
+        self.clients_per_round, self.seed, self.first_round = clients_per_round, seed, first_round
+        self.node_wait, self.algorithm = node_wait, algorithm
+        self.nodes: dict[int, int] = {}  # client -> node id
+        self.run_args = [str(a) for a in run_args]
+        self.ledger = ledger if ledger is not None else RoundLedger()
+        self.payload = {"down": 0, "up": 0}  # this round's bytes in Flower's ArrayRecords
+        self.train_metrics: dict[str, float] = {}
+        self.steps = 0  # local steps of every client so far (Lightning's global_step in fedrcl fit)
+        self._sent: dict[str, torch.Tensor] = {}
+
+    def round_idx(self, server_round: int) -> int:
+        return self.first_round + server_round - 1
+
+    def _run_record(self) -> ConfigRecord:
+        return ConfigRecord({"args": self.run_args})
+
+    # -- nodes --------------------------------------------------------------------------------------------
+    def map_nodes(self, grid: Grid) -> None:
+        """Ask every node which clients it serves, until every client has one (or ``node_wait`` passes)."""
+        deadline, asked = time.monotonic() + self.node_wait, set()
+        while True:
+            new = [n for n in grid.get_node_ids() if n not in asked]
+            queries = [Message(RecordDict({"fedrcl.run": self._run_record()}), dst_node_id=n, message_type="query")
+                       for n in new]
+            for reply in grid.send_and_receive(queries, timeout=self.node_wait):
+                if reply.has_error():
+                    raise ClientFailure(f"node {reply.metadata.src_node_id} failed to start: {reply.error.reason}")
+                for client in reply.content["fedrcl.clients"]["clients"]:
+                    self.nodes[int(client)] = reply.metadata.src_node_id
+            asked.update(new)
+            missing = [k for k in range(len(self.num_samples)) if k not in self.nodes]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise ClientFailure(f"no node serves clients {missing} after {self.node_wait:.0f} s: start a "
+                                    "SuperNode for each partition (--node-config 'partition-id=i num-partitions=N')")
+            time.sleep(0.2)
+
+    # -- training -----------------------------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        if not self.nodes:
+            self.map_nodes(grid)
+        round_idx = self.round_idx(server_round)
+        self.ledger.start_round(round_idx)
+        self._global = arrays.to_torch_state_dict()
+        self._sent = dict(self.server.broadcast(self._global))
+        self._clients = sample_clients(len(self.num_samples), self.clients_per_round, self.seed, round_idx)
+        self._messages = []
+        self.payload = {"down": 0, "up": 0}
+        for client in self._clients:
+            record = ArrayRecord.from_torch_state_dict(self._sent)
+            self.payload["down"] += record.count_bytes()
+            content = RecordDict({"fedrcl.sent": record, "fedrcl.run": self._run_record(),
+                                  "fedrcl.round": ConfigRecord({"round_idx": round_idx, "client_id": client})})
+            self._messages.append(Message(content, dst_node_id=self.nodes[client], message_type="train",
+                                          group_id=str(server_round)))
+        return self._messages
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        round_idx = self.round_idx(server_round)
+        by_message = {m.metadata.message_id: k for m, k in zip(self._messages, self._clients)}
+        received: dict[int, Message] = {}
+        for reply in replies:
+            client = by_message.get(reply.metadata.reply_to_message_id)
+            if client is None:
+                continue  # a late reply to an earlier round
+            if reply.has_error():
+                raise ClientFailure(f"round {round_idx + 1}: client {client} (node {reply.metadata.src_node_id}) "
+                                    f"failed: {reply.error.reason}. The round is not aggregated.")
+            received[client] = reply
+        missing = [k for k in self._clients if k not in received]
+        if missing:
+            raise ClientFailure(f"round {round_idx + 1}: no reply from clients {missing} within the timeout "
+                                "(Strategy.start's timeout). The round is not aggregated.")
+        self.ledger.trained()
+        total = WeightedSum(self._global)
+        failures: dict[int, str] = {}
+        sums: dict[str, float] = {}
+        steps = 0
+        for client in self._clients:  # the sampled order
+            reply = received[client]
+            record = reply.content["fedrcl.weights"]
+            self.payload["up"] += record.count_bytes()
+            weights = record.to_torch_state_dict()
+            if reply.content["fedrcl.status"]["failure"]:
+                failures[client] = str(reply.content["fedrcl.status"]["failure"])
+            context = ClientContext(round_idx=round_idx, client_id=client, num_samples=self.num_samples[client],
+                                    num_steps=0, seed=self.seed, global_state=self._sent)
+            self.ledger.count_client(self._sent, weights, self.algorithm, self.server, context)
+            with self.ledger.timed("aggregation"):
+                total.add(weights, weight=float(self.num_samples[client]))
+            metrics = reply.content["fedrcl.train"]
+            steps += int(metrics["steps"])
+            for key, value in metrics.items():
+                if key not in ("client_id", "steps"):
+                    sums[key] = sums.get(key, 0.0) + float(value)
+        hint = "Lower model.init_args.lr or set model.init_args.grad_clip_norm."
+        if failures:
+            raise DivergenceError(divergence_message(round_idx, failures, hint))
+        with self.ledger.timed("aggregation"):
+            new_global = self.server.step(self._global, self._sent, total.mean())
+        if not all_finite(new_global.values()):
+            raise DivergenceError(f"training diverged in round {round_idx + 1}: the server step "
+                                  f"({type(self.server).__name__}) gave non-finite global weights. {hint}")
+        self.ledger.totals()
+        self.steps += steps
+        self.train_metrics = {f"train/{k}": v / steps for k, v in sums.items()}
+        log(INFO, "fedrcl round %s: clients %s aggregated in this order", round_idx + 1, self._clients)
+        return ArrayRecord.from_torch_state_dict(new_global), MetricRecord(dict(self.train_metrics))
+
+    # -- evaluation is central (``fedrcl.flower.server``): no client evaluation round -------------------------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
+        return None
+
+    def summary(self) -> None:
+        log(INFO, "\t├── fedrcl server optimizer: %s", type(self.server).__name__)
+        log(INFO, "\t├── clients: %s, %s per round, seed %s", len(self.num_samples), self.clients_per_round,
+            self.seed)
+        log(INFO, "\t└── evaluation: central, on the server")
