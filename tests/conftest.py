@@ -10,7 +10,7 @@ import torch
 from fedrcl.cli import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
-# FEDRCL_TEST_ACCELERATOR=cuda runs the end-to-end tests on a GPU (bench/gpu_check.sh); default CPU.
+# FEDRCL_TEST_ACCELERATOR=cuda runs the end-to-end tests on a GPU; default CPU.
 ACCELERATOR = os.environ.get("FEDRCL_TEST_ACCELERATOR", "cpu")
 
 

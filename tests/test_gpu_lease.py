@@ -1,20 +1,40 @@
-"""The GPU lease (``bench/gpu_lease.sh``) rehearsed on the CPU, and the round-boundary deadline it relies on."""
+"""The GPU lease (``bench/gpu_lease.sh``) rehearsed on the CPU, and the round-boundary deadline it relies on.
+
+The rehearsal runs the lease script as the device would, twice (two "machines", each with its own work folder),
+at toy scale: prepare -> lease (probe with both batched modes broken on purpose, training stopped by the
+deadline after round 1) -> collect in several calls under small limits -> prepare the continuation from the
+returned files (spilling into a second carried folder) -> stash -> lease (the decision reused, training to
+round 3) -> collect; the continued FedRCL run must equal, bitwise, one that never stopped.
+"""
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
 
-from conftest import assert_same_state, run_cli
+from conftest import REPO, assert_same_state, run_cli
+from fedrcl.analysis.runs import load_scalars
 from fedrcl.federated.deadline import training_seconds
 
 FEDAVG = "fedrcl.algorithms.FedAvg"
+CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+LIMITS = {"LEASE_PART_BYTES": 20000, "LEASE_OUT_FILES": 4, "LEASE_OUT_BYTES": 100000}
+RETURNABLE = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def test_max_time_stops_on_a_whole_round_that_resumes_exactly(data_root, tmp_path):
-    """``--trainer.max_time`` is checked after each round: a budget of 1 microsecond stops after round 1 with a checkpoint
-    of that round (not every ``checkpoint_every``), which resumes to a run that never stopped, bitwise."""
-    stopped = run_cli(data_root, tmp_path / "a", "--trainer.max_time", "{\"microseconds\": 1}", rounds=3, model=FEDAVG)
+    """``--trainer.max_time`` is checked after each round: a budget of 1 microsecond stops after round 1, with a
+    checkpoint of that round (not only every ``checkpoint_every``) that resumes to a run that never stopped."""
+    stopped = run_cli(data_root, tmp_path / "a", "--trainer.max_time", '{"microseconds": 1}', rounds=3,
+                      model=FEDAVG)
     assert stopped.trainer.current_epoch == 1  # one round run, then stopped
     folder = tmp_path / "a" / "quickstart" / "version_0" / "checkpoints"
     assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt", "round0000.ckpt"]
@@ -24,3 +44,118 @@ def test_max_time_stops_on_a_whole_round_that_resumes_exactly(data_root, tmp_pat
     full = run_cli(data_root, tmp_path / "full", rounds=3, model=FEDAVG)
     assert resumed.trainer.current_epoch == full.trainer.current_epoch == 3
     assert_same_state(full.model.state_dict(), resumed.model.state_dict())
+
+
+def make_mosaics(folder: Path) -> dict[str, np.ndarray]:
+    """CIFAR-10-format JPEG mosaics (250 tiles of 32 px per row) of flat-coloured images; returns the colours."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    colours = {}
+    for split, n in (("train", 300), ("test", 60)):
+        colours[split] = rng.integers(0, 256, (n, 3), dtype=np.uint8)
+        mosaic = np.zeros((-(-n // 250) * 32, 250 * 32, 3), np.uint8)
+        for i, colour in enumerate(colours[split]):
+            row, col = divmod(i, 250)
+            mosaic[row * 32:(row + 1) * 32, col * 32:(col + 1) * 32] = colour
+        Image.fromarray(mosaic).save(folder / f"{split}.jpg", quality=95, subsampling=0)
+    np.savez(folder / "labels.npz", y_train=rng.integers(0, 10, 300).astype(np.uint8),
+             y_test=rng.integers(0, 10, 60).astype(np.uint8), classes=np.array(CLASSES))
+    return colours
+
+
+def lease_sh(*flags: str, **env: object) -> subprocess.CompletedProcess:
+    full = {**os.environ, "GPU_LEASE_REHEARSAL": "1", "OMP_NUM_THREADS": "1",
+            **{k: str(v) for k, v in {**LIMITS, **env}.items()}}
+    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_lease.sh"), *flags], env=full, capture_output=True,
+                          text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def collect_all(work: Path, first: Path, into: Path) -> Path:
+    """Every file a lease returns: its own $OUT, then ``--collect`` calls until nothing waits; each $OUT within
+    the (rehearsal's) limits: file count, total and file size, flat, plain names."""
+    into.mkdir()
+    outs, calls = [first], 0
+    while True:
+        out = outs[-1]
+        files = list(out.iterdir())
+        assert all(f.is_file() and RETURNABLE.fullmatch(f.name) for f in files), files
+        assert len(files) <= LIMITS["LEASE_OUT_FILES"]
+        assert sum(f.stat().st_size for f in files) <= LIMITS["LEASE_OUT_BYTES"]
+        for f in files:
+            (into / f.name).write_bytes(f.read_bytes())
+        if calls and not files:
+            return into
+        calls += 1
+        assert calls < 12, "collect never ends"
+        outs.append(work.parent / f"{work.name}_collect{calls}")
+        lease_sh("--collect", LEASE_WORK=work, OUT=outs[-1])
+
+
+def unpack_curves(back: Path, run: str, folder: Path) -> dict[int, float]:
+    with tarfile.open(back / "logs.tar.gz") as tar:
+        tar.extractall(folder, filter="data")
+    return dict(zip(*load_scalars(folder / "runs" / run)["val/acc"]))
+
+
+def test_gpu_lease_rehearsal(tmp_path):
+    jpeg, carry = tmp_path / "cifar10_jpeg", tmp_path / "carry" / ".lease"
+    colours = make_mosaics(jpeg)
+    prepared = lease_sh("--prepare", LEASE_DATA=jpeg, LEASE_CARRY=carry)
+    assert "call payload with .lease" in prepared.stdout and (carry / "cifar10_jpeg" / "train.jpg").exists()
+
+    # Lease 1: both batched modes broken, the deadline (no time left after the margin) stops after round 1.
+    work_a, out_a = tmp_path / "machine_a", tmp_path / "out_a"
+    first = lease_sh(LEASE_WORK=work_a, OUT=out_a, LEASE_CARRY=carry, LEASE_ROUND_MARGIN_S=100000)
+    summary = json.loads((out_a / "summary.json").read_text())
+    modes = summary["probe"]["modes"]
+    assert summary["mode"] == "sequential" and "seconds_per_round" in modes["sequential"]
+    assert modes["batched+compiled"]["dropped"].startswith("error: RuntimeError: forced")
+    assert modes["batched"]["dropped"].startswith("differs from sequential"), modes["batched"]
+    assert summary["rounds_reached"] == {"FedAvg": 1, "FedRCL": 1}, first.stdout
+    assert set(summary["seconds_per_round"]) == {"FedAvg", "FedRCL"}
+    with np.load(work_a / "data" / "cifar10.npz") as data:  # the mosaics decoded tile by tile, in order
+        for split in ("train", "test"):
+            x = data[f"x_{split}"].astype(int)
+            assert x.shape == (len(colours[split]), 32, 32, 3) and data[f"y_{split}"].dtype == np.int64
+            assert np.abs(x - colours[split][:, None, None, :]).max() <= 4
+    command = summary["runs"]["toy_fedrcl"]["command"][1:]
+    cut = command.index("--trainer.max_time")
+    reference = command[:cut] + command[cut + 2:]
+    reference[reference.index("--trainer.logger.init_args.save_dir") + 1] = str(tmp_path / "reference")
+    never_stopped = subprocess.Popen([sys.executable, "-m", "fedrcl.cli", *reference], cwd=REPO,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+    back_a = collect_all(work_a, out_a, tmp_path / "back_a")
+    assert set(summary["files"]) | {"summary.json"} == {p.name for p in back_a.iterdir()}
+
+    # Continue on a new machine: parts that do not fit beside the data go in a second carried folder (stash).
+    size = sum(p.stat().st_size for p in jpeg.iterdir())
+    lease_sh("--prepare", "--from", str(back_a), "--limit-mib", str((size + 60000) / 2**20), LEASE_DATA=jpeg,
+             LEASE_CARRY=carry, LEASE_TREE_BYTES=0)
+    second = carry.with_name(".lease2")
+    assert any((second / "resume").iterdir())
+    work_b, out_b = tmp_path / "machine_b", tmp_path / "out_b"
+    lease_sh("--stash", LEASE_WORK=work_b, OUT=tmp_path / "out_stash", LEASE_CARRY=second)
+    second.rename(tmp_path / "carried_before")  # the main call carries .lease only
+    again = lease_sh(LEASE_WORK=work_b, OUT=out_b, LEASE_CARRY=carry)
+    assert "reusing the last lease's decision on this GPU: sequential" in again.stdout
+    summary_b = json.loads((out_b / "summary.json").read_text())
+    assert summary_b["rounds_reached"] == {"FedAvg": 3, "FedRCL": 3}
+    assert summary_b["runs"]["toy_fedrcl"]["rounds_at_start"] == 1
+    back_b = collect_all(work_b, out_b, tmp_path / "back_b")
+
+    # The continued FedRCL run equals the one that never stopped: weights bitwise, the same accuracy curve.
+    assert never_stopped.wait(timeout=400) == 0, never_stopped.stderr.read()[-3000:]
+    saved = summary_b["runs"]["toy_fedrcl"]["checkpoint"]
+    joined = tmp_path / "continued.ckpt"
+    joined.write_bytes(b"".join((back_b / p).read_bytes() for p in saved["parts"]))
+    continued = torch.load(joined, weights_only=True)["state_dict"]
+    full = torch.load(tmp_path / "reference" / "toy_fedrcl" / "version_0" / "checkpoints" / "last.ckpt",
+                      weights_only=True)["state_dict"]
+    assert_same_state(full, continued)
+    curve = {**unpack_curves(back_a, "toy_fedrcl", tmp_path / "logs_a"),
+             **unpack_curves(back_b, "toy_fedrcl", tmp_path / "logs_b")}
+    assert curve == dict(zip(*load_scalars(tmp_path / "reference" / "toy_fedrcl")["val/acc"]))
+    assert sorted(curve) == [1, 2, 3]

@@ -1,0 +1,551 @@
+"""One GPU lease in one command: set up, probe, train, collect. Run by ``bench/gpu_lease.sh`` (see docs/gpu.md).
+
+Subcommands (``python3 bench/gpu_lease_run.py <name>``):
+
+    prepare [--from DIR ...]  here, before the lease: the carried folders (.lease, .lease2, ...: wheels, the
+                              CIFAR-10 JPEG mosaics, the last lease's checkpoint parts and compile cache),
+                              each call's payload measured against the carry limit
+    stash                     on the device: copy the carried checkpoint parts into the work folder, nothing else
+    lease                     on the device: stash, decode the mosaics, probe (or reuse the last decision), train
+                              FedAvg and FedRCL (and FedSCL if the probe shows room) side by side until the
+                              deadline, then collect
+    collect                   on the device: put the next files of the outbox into $OUT, within its limits
+
+Settings come from the environment (``bench/gpu_lease.sh`` documents them); ``GPU_LEASE_REHEARSAL=1`` runs the
+same steps at toy scale on the CPU (the test suite's ``tests/test_gpu_lease.py``).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+MiB = 1 << 20
+TILE = 32
+METHODS = ("FedAvg", "FedRCL", "FedSCL")  # the third only when the probe shows room
+# Execution modes, fastest first when they work: (client_batching, compile_clients).
+MODES = {"batched+compiled": ("on", True), "batched": ("on", False), "sequential": ("off", False)}
+FORMAT = "fedrcl-gpu-lease/1"
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return default if value in (None, "") else float(value)
+
+
+@dataclass
+class Lease:
+    """This lease's settings, read from the environment (defaults: the real lease on one GPU)."""
+
+    rehearsal: bool = field(default_factory=lambda: os.environ.get("GPU_LEASE_REHEARSAL") == "1")
+    work: Path = field(default_factory=lambda: Path(os.environ.get("LEASE_WORK", "/tmp/lease")))
+    out: Path = field(default_factory=lambda: Path(os.environ.get("OUT", "/tmp/lease/out")))
+    carry: str = field(default_factory=lambda: os.environ.get("LEASE_CARRY", ".lease"))
+    started: float = field(default_factory=lambda: env_float("LEASE_T0", time.time()))
+    limit_s: float = field(default_factory=lambda: env_float("LEASE_LIMIT_S", 600))
+    collect_s: float = field(default_factory=lambda: env_float("LEASE_COLLECT_S", 45))
+    probe_s: float = field(default_factory=lambda: env_float("LEASE_PROBE_S", 150))
+    startup_s: float = field(default_factory=lambda: env_float("LEASE_STARTUP_S", 30))
+    part_bytes: int = field(default_factory=lambda: int(env_float("LEASE_PART_BYTES", 15 * MiB)))
+    out_files: int = field(default_factory=lambda: int(env_float("LEASE_OUT_FILES", 8)))
+    out_bytes: int = field(default_factory=lambda: int(env_float("LEASE_OUT_BYTES", 63 * MiB)))
+
+    @property
+    def deadline(self) -> float:
+        """When training must have stopped: the command's limit less the time to collect."""
+        return self.started + self.limit_s - self.collect_s
+
+    def carried(self) -> list[Path]:
+        """The carried folders present (``.lease``, ``.lease2``, ...)."""
+        base = Path(self.carry) if Path(self.carry).is_absolute() else REPO / self.carry
+        return sorted(p for p in base.parent.glob(base.name + "*") if p.is_dir())
+
+
+def log(message: str) -> None:
+    print(f"[lease {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(MiB), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+# -- data -------------------------------------------------------------------------------------------------------
+def decode_mosaics(folder: Path, npz: Path) -> int:
+    """The CIFAR-10 JPEG mosaics of ``folder`` (``train.jpg``, ``test.jpg``: 32-px tiles in rows; ``labels.npz``)
+    as the project's prepared ``.npz``; returns the number of training images."""
+    from PIL import Image
+
+    labels = np.load(folder / "labels.npz", allow_pickle=False)
+    arrays = {"classes": np.asarray(labels["classes"]).astype(str)}
+    for split in ("train", "test"):
+        y = np.asarray(labels[f"y_{split}"]).astype(np.int64)
+        with Image.open(folder / f"{split}.jpg") as image:
+            mosaic = np.asarray(image.convert("RGB"))
+        rows, cols = mosaic.shape[0] // TILE, mosaic.shape[1] // TILE
+        if rows * cols < len(y):
+            raise ValueError(f"{folder / f'{split}.jpg'} holds {rows * cols} tiles, labels.npz {len(y)} labels")
+        tiles = mosaic[:rows * TILE, :cols * TILE].reshape(rows, TILE, cols, TILE, 3).swapaxes(1, 2)
+        arrays[f"x_{split}"] = np.ascontiguousarray(tiles.reshape(-1, TILE, TILE, 3)[:len(y)])
+        arrays[f"y_{split}"] = y
+    npz.parent.mkdir(parents=True, exist_ok=True)
+    tmp = npz.with_name(".cifar10.npz.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, npz)
+    return len(arrays["y_train"])
+
+
+# -- the runs ---------------------------------------------------------------------------------------------------
+def run_name(method: str, lease: Lease) -> str:
+    return f"{'toy' if lease.rehearsal else 'r64'}_{method.lower()}"
+
+
+def fit_args(method: str, mode: str, lease: Lease) -> list[str]:
+    """``fedrcl fit`` arguments of one run: configs/cifar10_a01.yaml (the paper's CIFAR-10, alpha 0.1) at width
+    64 with the authors' local lr decay, seed 0, evaluated every round; the rehearsal shrinks it to seconds."""
+    batching, compiled = MODES[mode]
+    args = ["fit", "--config", str(REPO / "configs" / "cifar10_a01.yaml"),
+            "--model", f"fedrcl.algorithms.{method}", "--model.init_args.local_lr_decay", "0.998",
+            "--seed_everything", "0", "--trainer.seed", "0", "--data.seed", "0", "--trainer.eval_every", "1",
+            "--data.root", str(lease.work / "data"), "--data.download", "false",
+            "--trainer.client_batching", batching, "--trainer.compile_clients", str(compiled).lower(),
+            "--trainer.precision", "bf16-mixed",
+            "--trainer.logger.init_args.save_dir", str(lease.work / "runs"),
+            "--trainer.logger.init_args.name", run_name(method, lease)]
+    if lease.rehearsal:
+        return args + ["--model.init_args.backbone.init_args.width", "2", "--trainer.accelerator", "cpu",
+                       "--torch_threads", "1", "--trainer.rounds", "3", "--data.num_clients", "10",
+                       "--trainer.clients_per_round", "2", "--trainer.local_epochs", "2",
+                       "--data.batch_size", "4", "--data.local_iters_per_epoch", "2",
+                       "--data.eval_batch_size", "50", "--data.channels_last", "off"]
+    return args + ["--model.init_args.backbone.init_args.width", "64", "--trainer.accelerator", "gpu",
+                   "--trainer.devices", "1", "--data.eval_batch_size", "5000"]
+
+
+def split_file(path: Path, folder: Path, part_bytes: int) -> list[str]:
+    """``path`` cut into ``<name>.partNN`` files of at most ``part_bytes`` in ``folder``; their names."""
+    names = []
+    with open(path, "rb") as f:
+        for i, block in enumerate(iter(lambda: f.read(part_bytes), b"")):
+            name = f"{path.name}.part{i:02d}"
+            (folder / name).write_bytes(block)
+            names.append(name)
+    return names
+
+
+def join_parts(folder: Path, name: str, expected_sha: str, dest: Path) -> Path:
+    """Re-join ``name.partNN`` of ``folder`` into ``dest``, checked against the summary's sha256."""
+    parts = sorted(folder.glob(f"{name}.part*"))
+    if not parts:
+        raise FileNotFoundError(f"no parts of {name} in {folder}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "wb") as f:
+        for part in parts:
+            f.write(part.read_bytes())
+    if sha256(dest) != expected_sha:
+        dest.unlink()
+        raise ValueError(f"{name}: the {len(parts)} parts joined do not match the summary's sha256 "
+                         "(a part is missing or damaged)")
+    return dest
+
+
+def previous_summary(lease: Lease) -> dict | None:
+    path = lease.work / "resume" / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def device_facts(lease: Lease) -> dict:
+    import torch
+
+    facts = {"torch": torch.__version__, "gpu": "cpu (rehearsal)" if lease.rehearsal else None}
+    if not lease.rehearsal and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        facts.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1))
+    return facts
+
+
+def unpack_compile_cache(lease: Lease, before: dict | None) -> None:
+    """The last lease's compile cache, re-joined and unpacked into ``resume/compile_cache`` (each run loads it
+    there if it was made with this torch on this GPU: ``bench/gpu_lease_fit.py``)."""
+    cache = (before or {}).get("compile_cache")
+    folder = lease.work / "resume"
+    if not cache or not all((folder / p).exists() for p in cache["parts"]):
+        return
+    tar = join_parts(folder, cache["file"], cache["sha256"], folder / cache["file"])
+    with tarfile.open(tar) as archive:
+        archive.extractall(folder / "compile_cache", filter="data")
+    log(f"compile cache: {len(list((folder / 'compile_cache').glob('*.bin')))} file(s) carried from the last lease")
+
+
+def stash(lease: Lease) -> int:
+    """Copy the carried resume files (checkpoint parts, the last summary, the compile cache) into the work folder."""
+    target = lease.work / "resume"
+    target.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for folder in lease.carried():
+        for path in sorted((folder / "resume").glob("*")):
+            shutil.copy2(path, target / path.name)
+            copied += 1
+    log(f"stash: {copied} file(s) from {', '.join(p.name for p in lease.carried()) or 'no carried folder'}; "
+        f"{len(list(target.iterdir()))} in {target}")
+    return copied
+
+
+def probe(lease: Lease, facts: dict) -> dict:
+    """The mode decision: the last lease's on the same GPU and torch, else ``bench/gpu_lease_probe.py`` (in a
+    child process with a hard limit, so that a hang or a crash of the batched path costs at most the probe)."""
+    before = previous_summary(lease)
+    if before and before.get("mode") and before.get("gpu") == facts["gpu"] and \
+            before.get("torch") == facts["torch"] and os.environ.get("LEASE_PROBE") != "always":
+        log(f"probe: reusing the last lease's decision on this GPU: {before['mode']}")
+        return {"mode": before["mode"], "room_for_third": before.get("room_for_third", False),
+                "reused_from": before.get("lease_started"), "modes": before.get("probe", {}).get("modes", {})}
+    result = lease.work / "probe.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, str(REPO / "bench" / "gpu_lease_probe.py"), "--result", str(result)]
+    limit = min(lease.probe_s, max(10.0, lease.deadline - time.time() - 60))
+    log(f"probe: {' '.join(cmd[1:])} (at most {limit:.0f} s)")
+    with open(lease.work / "logs" / "probe.log", "w") as out:
+        try:
+            done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=limit, cwd=REPO)
+            status = f"exit {done.returncode}"
+        except subprocess.TimeoutExpired:
+            status = f"stopped at its limit of {limit:.0f} s"
+    found = json.loads(result.read_text()) if result.exists() else {"modes": {}}
+    found["status"] = status
+    timed = {m: r for m, r in found["modes"].items() if r.get("seconds_per_round")}
+    if found.get("mode") is None:  # the probe did not finish: the fastest mode it timed, else sequential
+        found["mode"] = min(timed, key=lambda m: timed[m]["seconds_per_round"]) if timed else "sequential"
+        found["room_for_third"] = False
+        for name in MODES:
+            found["modes"].setdefault(name, {}).setdefault("dropped", f"not reached: probe {status}")
+    log(f"probe: {status}; mode {found['mode']}; " + "; ".join(
+        f"{m}: {r.get('dropped') or format(r.get('seconds_per_round'), '.3f') + ' s/round'}"
+        for m, r in found["modes"].items()))
+    return found
+
+
+def start_run(method: str, mode: str, lease: Lease, before: dict | None, margin: float) -> dict:
+    """Start one ``fedrcl fit`` (resumed from the carried checkpoint if there is one) with ``max_time`` set so
+    that the round that passes it ends before the deadline (``margin``: about one round's seconds)."""
+    import torch
+
+    name = run_name(method, lease)
+    args, offset, start_round = fit_args(method, mode, lease), 0.0, 0
+    saved = (before or {}).get("runs", {}).get(name, {}).get("checkpoint")
+    if saved:
+        ckpt = join_parts(lease.work / "resume", saved["file"], saved["sha256"], lease.work / "ckpt" / f"{name}.ckpt")
+        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+        sys.path.insert(0, str(REPO))
+        from fedrcl.federated.deadline import training_seconds
+
+        offset, start_round = training_seconds(checkpoint), checkpoint["epoch"] + 1
+        args += ["--ckpt_path", str(ckpt)]
+    budget = max(1e-6, lease.deadline - time.time() - lease.startup_s - margin)
+    args += ["--trainer.max_time", json.dumps({"microseconds": int((offset + budget) * 1e6)})]
+    cache_in, cache_out = lease.work / "resume" / "compile_cache", lease.work / "compile_cache" / f"{name}.bin"
+    cmd = [sys.executable, str(REPO / "bench" / "gpu_lease_fit.py"), "--cache-in", str(cache_in),
+           "--cache-out", str(cache_out), *args]
+    log(f"train: {name} ({mode}) from round {start_round}, {budget:.0f} s of training this lease")
+    out = open(lease.work / "logs" / f"{name}.log", "w")
+    process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    return {"method": method, "process": process, "log": out, "start_round": start_round, "command": args,
+            "started": time.time()}
+
+
+def wait_runs(runs: dict[str, dict], lease: Lease) -> None:
+    """Wait for the runs; one still going at the deadline gets SIGTERM (it checkpoints the round in progress and
+    exits), and SIGKILL halfway through the collection time."""
+    hard = lease.deadline + lease.collect_s / 2
+    termed = False
+    while any(r["process"].poll() is None for r in runs.values()):
+        now = time.time()
+        if now >= lease.deadline and not termed:
+            termed = True
+            for name, r in runs.items():
+                if r["process"].poll() is None:
+                    log(f"train: {name} still running at the deadline: SIGTERM")
+                    r["process"].send_signal(signal.SIGTERM)
+        if now >= hard:
+            for name, r in runs.items():
+                if r["process"].poll() is None:
+                    log(f"train: {name} still running: SIGKILL")
+                    r["process"].kill()
+        time.sleep(0.2)
+    for r in runs.values():
+        r["log"].close()
+
+
+def run_result(name: str, r: dict, lease: Lease) -> dict:
+    """Rounds reached, seconds per round and the newest checkpoint of one run."""
+    import torch
+
+    sys.path.insert(0, str(REPO))
+    from fedrcl.analysis.runs import load_scalars
+
+    result = {"method": r["method"], "exit": r["process"].returncode, "rounds_at_start": r["start_round"],
+              "command": ["fedrcl", *r["command"]], "wall_seconds": round(time.time() - r["started"], 1)}
+    versions = sorted((lease.work / "runs" / name).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    if versions:
+        curves = load_scalars(versions[-1])
+        seconds = curves.get("time/round_seconds", (None, np.array([])))[1]
+        result["seconds_per_round_median"] = round(float(np.median(seconds)), 4) if len(seconds) else None
+        rounds, acc = curves.get("val/acc", (np.array([]), None))
+        if len(rounds):
+            result["last_val_acc"] = float(acc[-1])
+            result["last_val_acc_ema"] = float(curves.get("val/acc_ema", (None, [None]))[1][-1])
+        last = versions[-1] / "checkpoints" / "last.ckpt"
+        if last.exists():
+            checkpoint = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+            result["rounds_reached"] = checkpoint["epoch"] + 1
+            result["last_checkpoint"] = str(last)
+    return result
+
+
+# -- collecting -------------------------------------------------------------------------------------------------
+def outbox(lease: Lease) -> Path:
+    return lease.work / "outbox"
+
+
+def fill_outbox(lease: Lease, summary: dict, results: dict) -> None:
+    """Everything to bring back, in order: the summary, logs and event files (one archive), the compile cache,
+    then each run's checkpoint in parts (FedRCL first, the run that matters most)."""
+    box = outbox(lease)
+    shutil.rmtree(box, ignore_errors=True)
+    box.mkdir(parents=True)
+    with tarfile.open(box / "logs.tar.gz", "w:gz") as tar:
+        for path in sorted((lease.work / "logs").glob("*")):
+            tar.add(path, arcname=f"logs/{path.name}")
+        for path in sorted((lease.work / "runs").rglob("*")):
+            if path.is_file() and path.suffix != ".ckpt":  # event files, config.yaml, split.json, hparams
+                tar.add(path, arcname=f"runs/{path.relative_to(lease.work / 'runs')}")
+    order = ["logs.tar.gz"]
+    cache, carried = lease.work / "compile_cache", lease.work / "resume" / "compile_cache"
+    if (carried / "meta.json").exists():  # carry the last lease's cache on where this lease made none of its own
+        own = (cache / "meta.json").read_text() if (cache / "meta.json").exists() else None
+        for path in carried.glob("*"):
+            if not (cache / path.name).exists() and own in (None, (carried / "meta.json").read_text()):
+                shutil.copy2(path, cache / path.name)
+    if any(cache.glob("*.bin")):
+        with tarfile.open(box / "compile_cache.tar", "w") as tar:
+            for path in sorted(cache.glob("*")):
+                tar.add(path, arcname=path.name)
+        summary["compile_cache"] = {"file": "compile_cache.tar", "sha256": sha256(box / "compile_cache.tar"),
+                                    "parts": split_file(box / "compile_cache.tar", box, lease.part_bytes)}
+        (box / "compile_cache.tar").unlink()
+        order += summary["compile_cache"]["parts"]
+    for name in sorted(results, key=lambda n: (not n.endswith("fedrcl"), n)):
+        last = results[name].get("last_checkpoint")
+        if not last:
+            continue
+        file = f"{name}.ckpt"
+        shutil.copyfile(last, box / file)
+        results[name]["checkpoint"] = {"file": file, "sha256": sha256(box / file),
+                                       "bytes": (box / file).stat().st_size,
+                                       "rounds": results[name]["rounds_reached"]}
+        parts = split_file(box / file, box, lease.part_bytes)
+        (box / file).unlink()
+        results[name]["checkpoint"]["parts"] = parts
+        order += parts
+    summary["files"] = {name: (box / name).stat().st_size for name in order}
+    write_json(box / "summary.json", summary)
+    (box / "order.txt").write_text("\n".join(["summary.json", *order]) + "\n")
+    (box / "returned.txt").write_text("")
+
+
+def collect(lease: Lease) -> list[str]:
+    """Copy the next outbox files into $OUT: at most ``out_files`` files, ``out_bytes`` together, flat (no
+    folder); the rest waits for the next ``collect`` call. Returns the names still pending."""
+    box = outbox(lease)
+    if not (box / "order.txt").exists():
+        log("collect: nothing to collect (no lease ran on this machine)")
+        return []
+    returned = set((box / "returned.txt").read_text().split())
+    pending = [n for n in (box / "order.txt").read_text().split() if n not in returned]
+    lease.out.mkdir(parents=True, exist_ok=True)
+    taken, total = [], 0
+    for name in pending:
+        size = (box / name).stat().st_size
+        if size > 16 * MiB:
+            raise ValueError(f"{name} is {size} bytes, over the 16 MiB a returned file may have")
+        if len(taken) < lease.out_files and total + size <= lease.out_bytes:
+            shutil.copyfile(box / name, lease.out / name)
+            taken.append(name)
+            total += size
+    with open(box / "returned.txt", "a") as f:
+        f.write("".join(f"{n}\n" for n in taken))
+    left = [n for n in pending if n not in taken]
+    log(f"collect: {len(taken)} file(s), {total / MiB:.1f} MiB into $OUT: {', '.join(taken) or '-'}")
+    if left:
+        log(f"collect: {len(left)} file(s) still on this machine ({', '.join(left)}): next call, at once: "
+            "bash bench/gpu_lease.sh --collect")
+    else:
+        log("collect: everything is back")
+    return left
+
+
+# -- the lease --------------------------------------------------------------------------------------------------
+def run_lease(lease: Lease) -> int:
+    for sub in ("logs", "runs", "data", "compile_cache"):
+        (lease.work / sub).mkdir(parents=True, exist_ok=True)
+    stash(lease)
+    facts = device_facts(lease)
+    log(f"device: {facts}; deadline in {lease.deadline - time.time():.0f} s")
+    npz = lease.work / "data" / "cifar10.npz"
+    if not npz.exists():
+        jpeg = next((p / "cifar10_jpeg" for p in lease.carried() if (p / "cifar10_jpeg").is_dir()), None)
+        if jpeg is None:
+            raise FileNotFoundError(f"no cifar10_jpeg/ in the carried folders {lease.carry}*: run "
+                                    "bash bench/gpu_lease.sh --prepare here and name the folder in carry")
+        start = time.time()
+        count = decode_mosaics(jpeg, npz)
+        log(f"data: {count} training images decoded from {jpeg} in {time.time() - start:.1f} s")
+    before = previous_summary(lease)
+    unpack_compile_cache(lease, before)
+    probe_start = time.time()
+    decision = probe(lease, facts)
+    probe_seconds = time.time() - probe_start
+    methods = METHODS if decision.get("room_for_third") else METHODS[:2]
+    # The round that crosses max_time still runs to its end: leave about one round of the runs side by side.
+    probed = decision.get("modes", {}).get(decision["mode"], {}).get("seconds_per_round")
+    margin = env_float("LEASE_ROUND_MARGIN_S", 1.5 * len(methods) * probed if probed else 20.0)
+    runs = {run_name(m, lease): start_run(m, decision["mode"], lease, before, margin) for m in methods}
+    train_start = time.time()
+    wait_runs(runs, lease)
+    results = {name: run_result(name, r, lease) for name, r in runs.items()}
+    summary = {"format": FORMAT, "lease_started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(lease.started)),
+               "rehearsal": lease.rehearsal, **facts, "mode": decision["mode"],
+               "room_for_third": bool(decision.get("room_for_third")), "probe": decision,
+               "seconds": {"setup_and_data": round(probe_start - lease.started, 1),
+                           "probe": round(probe_seconds, 1), "train": round(time.time() - train_start, 1)},
+               "runs": results}
+    summary["seconds_per_round"] = {r["method"]: r.get("seconds_per_round_median") for r in results.values()}
+    summary["rounds_reached"] = {r["method"]: r.get("rounds_reached") for r in results.values()}
+    fill_outbox(lease, summary, results)
+    for name, r in results.items():
+        log(f"result: {name}: rounds {r['rounds_at_start']} -> {r.get('rounds_reached')}, "
+            f"{r.get('seconds_per_round_median')} s/round, exit {r['exit']}")
+    collect(lease)
+    return 0 if all(r.get("rounds_reached") for r in results.values()) else 1
+
+
+# -- preparing the carried folders (here, not on the device) ------------------------------------------------------
+def travelling_tree_bytes() -> int:
+    """Bytes of what every device call sends besides ``carry``: tracked and untracked-not-ignored files."""
+    if os.environ.get("LEASE_TREE_BYTES"):  # the rehearsal's stand-in
+        return int(os.environ["LEASE_TREE_BYTES"])
+    names = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    return sum((REPO / n).stat().st_size for n in names if n and (REPO / n).is_file())
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], limit: int) -> int:
+    """Fill ``.lease`` (wheels, mosaics, the resume files that fit) and ``.lease2``, ... (the other checkpoint
+    parts), each call's payload (tree + its folder) under ``limit`` bytes; print the calls to make."""
+    base = Path(lease.carry) if Path(lease.carry).is_absolute() else REPO / lease.carry
+    for old in lease.carried():
+        shutil.rmtree(old)
+    main = base
+    (main / "resume").mkdir(parents=True)
+    if wheels is not None:
+        shutil.copytree(wheels, main / "wheels")
+    shutil.copytree(data, main / "cifar10_jpeg")
+    tree = travelling_tree_bytes()
+    resume: list[Path] = []
+    if sources:
+        found = {p.name: p for source in sources for p in source.iterdir() if p.is_file()}
+        if "summary.json" not in found:
+            raise FileNotFoundError(f"no summary.json in {', '.join(map(str, sources))}")
+        summary = json.loads(found["summary.json"].read_text())
+        resume.append(found["summary.json"])
+        cache = summary.get("compile_cache")
+        if cache and all(p in found for p in cache["parts"]):  # optional: without it the runs compile anew
+            resume += [found[p] for p in cache["parts"]]
+        for name, run in summary.get("runs", {}).items():
+            saved = run.get("checkpoint")
+            if not saved:
+                continue
+            missing = [p for p in saved["parts"] if p not in found]
+            if missing:
+                raise FileNotFoundError(f"{name}: parts {', '.join(missing)} were not brought back: fetch them "
+                                        "(bash bench/gpu_lease.sh --collect) or start this run over")
+            joined = hashlib.sha256(b"".join(found[p].read_bytes() for p in saved["parts"])).hexdigest()
+            if joined != saved["sha256"]:
+                raise ValueError(f"{name}: the returned parts do not join to the checkpoint's sha256")
+            resume += [found[p] for p in saved["parts"]]
+    folders, room = [main], limit - tree - folder_bytes(main)
+    for path in resume:
+        size = path.stat().st_size
+        if size > room:
+            folders.append(base.with_name(f"{base.name}{len(folders) + 1}"))
+            (folders[-1] / "resume").mkdir(parents=True)
+            room = limit - tree
+        shutil.copy2(path, folders[-1] / "resume" / path.name)
+        room -= size
+    print(f"travelling tree (tracked + untracked, not ignored): {tree / MiB:.1f} MiB")
+    for folder in folders:
+        total = tree + folder_bytes(folder)
+        print(f"call payload with {folder.name}: {total / MiB:.2f} MiB (limit {limit / MiB:.2f} MiB)")
+        if total > limit:
+            print(f"error: {folder.name} makes the payload {total / MiB:.1f} MiB, over the limit", file=sys.stderr)
+            return 1
+    print("device calls, back to back (each within 30 s of the last):")
+    for folder in folders[1:]:
+        print(f'  run(command="bash bench/gpu_lease.sh --stash", carry=["{folder.name}"], timeout_s=60)')
+    print(f'  run(command="LEASE_LIMIT_S=540 bash bench/gpu_lease.sh", carry=["{main.name}"], timeout_s=540)')
+    print('  run(command="bash bench/gpu_lease.sh --collect", timeout_s=60)   # while the last one says files wait')
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--wheels", type=Path, help="folder of the wheels the device lacks")
+    p.add_argument("--data", type=Path, required=True, help="the cifar10_jpeg folder")
+    p.add_argument("--from", dest="sources", type=Path, nargs="*", default=[],
+                   help="folders holding the last lease's returned files (summary.json, parts)")
+    p.add_argument("--limit-mib", type=float, default=60)
+    for name in ("stash", "lease", "collect"):
+        sub.add_parser(name)
+    args = parser.parse_args(argv)
+    lease = Lease()
+    if args.command == "prepare":
+        return prepare(lease, args.wheels, args.data, args.sources, int(args.limit_mib * MiB))
+    if args.command == "stash":
+        stash(lease)
+        return 0
+    if args.command == "collect":
+        collect(lease)
+        return 0
+    return run_lease(lease)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
