@@ -1,5 +1,7 @@
 """Per-client evaluation: the global model on every client's label mix, and the round's local models.
 
+Turned on from the command line or in a config::
+
     fedrcl fit ... --trainer.callbacks+=fedrcl.analysis.ClientEvaluation
     trainer:
       callbacks:

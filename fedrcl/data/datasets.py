@@ -107,10 +107,10 @@ def load_dataset(name: str, root: str | Path, download: bool = False) -> ImageDa
     * ``tinyimagenet``: the standard ``<root>/tiny-imagenet-200`` folder
       (``TINYIMAGENET_URL`` unzipped); its ``val`` split is the test set.
       Never downloaded.
-
-    Data neither found nor fetched raises :class:`DataUnavailableError`.
     * ``digits``: scikit-learn's bundled digits, split 80/20 (stratified,
       ``random_state=0``).
+
+    Data neither found nor fetched raises :class:`DataUnavailableError`.
     """
     info = dataset_info(name)
     root = Path(root).expanduser()

@@ -1,0 +1,156 @@
+"""The tutorial's own methods, written outside the fedrcl package (``docs/tutorial.md``).
+
+    PYTHONPATH=docs/tutorial fedrcl fit --config configs/quickstart.yaml --model my_method.MyMethod
+
+- ``MyMethod``: FedProx's proximal term on the classifier only, ``CE + mu/2 ||w_head - w_head_global||^2``.
+- ``MyStatefulMethod``: also pulls each client's classifier towards the one it trained last time it took
+  part (per-client state in a ``ClientStateStore``).
+- ``MyMethodWithCounts``: also uploads the client's label counts (counted in the byte ledger).
+- ``ServerLR``: a server learning rate, ``w <- w + eta * delta`` (a server optimizer of one's own).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedrcl.algorithms import FedAvg
+from fedrcl.federated.client_state import ClientStateStore
+from fedrcl.federated.context import ClientContext
+from fedrcl.federated.strategy import gather_objects
+from fedrcl.losses.proximal import squared_distance
+from fedrcl.models.output import ModelOutput
+from fedrcl.server.base import ServerOptimizer, State, round_update
+
+
+class MyMethod(FedAvg):
+    """Cross-entropy plus a proximal term towards the round's global weights, on the classifier only.
+
+    Args:
+        mu: weight of the proximal term (mu/2 * squared distance); must be >= 0.
+        head: prefix of the parameter names the term covers (the backbones' classifier is ``fc``).
+    """
+
+    def __init__(self, mu: float = 0.01, head: str = "fc.", **kwargs: Any):
+        super().__init__(**kwargs)
+        if mu < 0:
+            raise ValueError(f"model.mu must be >= 0, got {mu}")
+        self.head_names = [name for name, _ in self.backbone.named_parameters() if name.startswith(head)]
+        if not self.head_names:
+            raise ValueError(f"model.head: no parameter of the backbone starts with {head!r}")
+        self.mu = mu
+        self._anchors: list[Tensor] = []
+
+    def head_parameters(self) -> list[Tensor]:
+        """The classifier's parameters (inside a batched round: the mapped client's slice)."""
+        params = dict(self.backbone.named_parameters())
+        return [params[name] for name in self.head_names]
+
+    def on_client_start(self, client: ClientContext) -> None:
+        super().on_client_start(client)  # keeps client facts, resets the optimizer
+        self._anchors = [client.global_state[name] for name in self.head_names]
+
+    def on_client_end(self, client: ClientContext) -> None:
+        self._anchors = []  # do not keep the round's broadcast alive
+
+    def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        ce = F.cross_entropy(out.logits, y)
+        prox = squared_distance(self.head_parameters(), self._anchors)
+        return ce + self.mu / 2 * prox, {"ce": ce, "prox": prox}
+
+
+class MyStatefulMethod(MyMethod):
+    """``MyMethod`` plus ``nu/2 ||w_head - w_head_previous||^2``, towards the classifier this client trained
+    when it last took part (at its first participation: the broadcast classifier).
+
+    The previous classifier is per-client state: a ``ClientStateStore`` keeps one safetensors file per
+    client, and the checkpoint keeps the store's manifest, so ``--ckpt_path last`` resumes exactly.
+
+    Args:
+        nu: weight of the term towards the client's previous classifier; must be >= 0.
+        state_dir: folder of the per-client files; null: ``client_state`` in the run's log dir.
+    """
+
+    # Set per client by on_client_start and read by client_loss: stacked when clients train batched.
+    client_tensors = ("previous_head",)
+
+    def __init__(self, nu: float = 0.01, state_dir: Optional[str] = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        if nu < 0:
+            raise ValueError(f"model.nu must be >= 0, got {nu}")
+        self.nu, self.state_dir = nu, state_dir
+        self.store: Optional[ClientStateStore] = None
+        self.previous_head: Optional[Tensor] = None
+        self._written: dict[int, str] = {}  # this round's files of this process's clients
+
+    def setup(self, stage: str) -> None:
+        if self.store is None:
+            root = self.trainer.log_dir or self.trainer.default_root_dir
+            checkpoints = [c.dirpath for c in self.trainer.checkpoint_callbacks if c.dirpath]
+            self.store = ClientStateStore(self.state_dir or Path(root) / "client_state", max_in_memory=8,
+                                          checkpoint_dirs=checkpoints)
+
+    def on_client_start(self, client: ClientContext) -> None:
+        super().on_client_start(client)
+        state = self.store.get(client.client_id, device=self.device)
+        head = state if state is not None else {name: client.global_state[name] for name in self.head_names}
+        self.previous_head = torch.cat([head[name].flatten() for name in self.head_names]).detach()
+
+    def on_client_end(self, client: ClientContext) -> None:
+        super().on_client_end(client)
+        head = {name: p.detach() for name, p in zip(self.head_names, self.head_parameters())}
+        self._written[client.client_id] = str(self.store.put(client.client_id, head, round_idx=client.round_idx))
+
+    def on_train_epoch_end(self) -> None:
+        super().on_train_epoch_end()
+        if self.trainer.world_size > 1:  # every process learns the files the others wrote this round
+            for rank, files in enumerate(gather_objects(self.trainer, self._written)):
+                if rank != self.trainer.global_rank:
+                    self.store.adopt(files)
+        self._written = {}
+
+    def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        loss, parts = super().client_loss(x, y, out)
+        head = torch.cat([p.flatten() for p in self.head_parameters()])
+        own = (head - self.previous_head).pow(2).sum()
+        return loss + self.nu / 2 * own, {**parts, "own": own}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["client_state"] = self.store.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if "client_state" in checkpoint and self.store is not None:
+            self.store.load_state_dict(checkpoint["client_state"])
+
+
+class MyMethodWithCounts(MyMethod):
+    """``MyMethod`` whose clients also send their label counts (one int64 per class) with their weights."""
+
+    def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:
+        dm = self.trainer.datamodule
+        labels = dm.y_train[dm.client_indices[client.client_id]]
+        return {"class_counts": torch.bincount(labels, minlength=dm.num_classes)}
+
+
+class ServerLR(ServerOptimizer):
+    """A server learning rate: ``w <- w + eta * delta``, with ``delta`` the clients' mean minus what was sent.
+
+    ``eta = 1`` is FedAvg; the server keeps no memory, so it needs no ``state_dict``.
+
+    Args:
+        eta: server learning rate; must be > 0.
+    """
+
+    def __init__(self, eta: float = 1.0):
+        if not eta > 0:
+            raise ValueError(f"trainer.server.init_args.eta must be > 0, got {eta}")
+        self.eta = eta
+
+    def step(self, global_state: State, sent: State, client_mean: State) -> State:
+        delta = round_update(sent, client_mean)  # floating-point entries only
+        return {k: v + self.eta * delta[k] if k in delta else v for k, v in global_state.items()}
