@@ -104,7 +104,7 @@ def weighted_mean(thetas):
     return sum(n * t for n, t in zip(N, thetas)) / sum(N)
 
 
-def fedavg_limit(rounds=300, steps=20, lr=0.1):
+def fedavg_limit(steps: int, lr: float, rounds: int = 20):
     x = torch.zeros(2, dtype=torch.float64)
     for _ in range(rounds):
         x = weighted_mean([local_sgd(i, x, steps, lr, lambda t: 0) for i in range(3)])
@@ -112,10 +112,10 @@ def fedavg_limit(rounds=300, steps=20, lr=0.1):
 
 
 def test_scaffold_converges_to_the_optimum_where_fedavg_drifts():
-    steps, lr = 20, 0.1
+    steps, lr = 10, 0.1
     server, x = ScaffoldServer(), torch.zeros(2, dtype=torch.float64)
     own = [torch.zeros(2, dtype=torch.float64) for _ in range(3)]
-    for _ in range(300):
+    for _ in range(60):
         c = server.control({"w": x})["w"].clone()
         ends = []
         for i in range(3):
@@ -128,14 +128,15 @@ def test_scaffold_converges_to_the_optimum_where_fedavg_drifts():
     torch.testing.assert_close(x, OPTIMUM, rtol=0, atol=1e-8)
     # c is the weighted mean of the c_i (each the client's gradient at the optimum, summing to 0)
     torch.testing.assert_close(server.control({"w": x})["w"], weighted_mean(own), rtol=0, atol=1e-10)
-    assert (fedavg_limit(steps=steps, lr=lr) - OPTIMUM).abs().max() > 0.1
+    assert (fedavg_limit(steps, lr) - OPTIMUM).abs().max() > 0.1
 
 
 def test_feddyn_converges_to_the_optimum_where_fedavg_drifts():
-    alpha, steps, lr = 0.5, 60, 0.2  # 60 steps solve each local problem to ~1e-9
+    # Inexact local solves (10 steps) keep the fixed point: there theta_i = theta and grad f_i(theta) = g_i.
+    alpha, steps, lr = 1.0, 10, 0.2
     server, theta = FedDynServer(alpha=alpha), torch.zeros(2, dtype=torch.float64)
     dual = [torch.zeros(2, dtype=torch.float64) for _ in range(3)]
-    for _ in range(300):
+    for _ in range(60):
         ends = []
         for i in range(3):
             end = local_sgd(i, theta, steps, lr, lambda t, i=i: dynamic_regularizer([t], dual[i], [theta], alpha))
@@ -143,9 +144,9 @@ def test_feddyn_converges_to_the_optimum_where_fedavg_drifts():
             server.receive(N[i], sum(N))
             ends.append(end)
         theta = server.step({"w": theta}, {"w": theta}, {"w": weighted_mean(ends)})["w"]
-    torch.testing.assert_close(theta, OPTIMUM, rtol=0, atol=1e-7)
+    torch.testing.assert_close(theta, OPTIMUM, rtol=0, atol=1e-6)
     torch.testing.assert_close(server.memory["h"]["w"], weighted_mean(dual), rtol=0, atol=1e-10)  # h = mean g_i
-    assert (fedavg_limit(steps=steps, lr=lr) - OPTIMUM).abs().max() > 0.1
+    assert (fedavg_limit(steps, lr) - OPTIMUM).abs().max() > 0.1
 
 
 # -- inside a real round -----------------------------------------------------------------------------------
@@ -258,3 +259,38 @@ def test_each_method_needs_its_server_half(data_root, tmp_path):
         run_cli(data_root, tmp_path, rounds=1, model="fedrcl.algorithms.SCAFFOLD")
     with pytest.raises(ValueError, match="needs trainer.server fedrcl.server.FedDyn"):
         fit(data_root, tmp_path, "feddyn", "--trainer.server", "fedrcl.server.SCAFFOLD")
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddyn"])
+def test_a_short_run_learns(data_root, tmp_path, method):
+    """Ten rounds on the quickstart digits (10 classes): well above chance (FedAvg here: 26%)."""
+    cli = fit(data_root, tmp_path, method, "--trainer.local_epochs", "2", rounds=10)
+    assert cli.trainer.callback_metrics["val/acc"].item() > 0.25
+
+
+def test_a_checkpoint_validates_without_the_server_half(data_root, tmp_path):
+    cli = fit(data_root, tmp_path / "fit", "scaffold")
+    ckpt = Path(cli.trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
+    validated = run_cli(data_root, tmp_path / "validate", "--ckpt_path", str(ckpt), subcommand="validate",
+                        model="fedrcl.algorithms.SCAFFOLD")
+    assert validated.trainer.callback_metrics["val/acc"].item() == pytest.approx(
+        cli.trainer.callback_metrics["val/acc"].item())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["scaffold", "feddyn"])
+def test_two_processes_give_one_process_results(data_root, tmp_path, method):
+    """Five clients per round over two processes (a client of round 1 or 2 trains on the other process in
+    round 3, reading the state file the first wrote): the one-process weights and server memory, bitwise."""
+    from test_multiprocess import FIVE_CLIENTS, fit_two_processes, last_run
+
+    model, overlay = METHOD[method]
+    one = run_cli(data_root, tmp_path / "one", *FIVE_CLIENTS, "--config", overlay, rounds=3, model=model)
+    fit_two_processes(data_root, tmp_path / "two", "--config", overlay, rounds=3, model=model)
+    ckpt, _ = last_run(tmp_path / "two")
+    assert_same_state(one.model.state_dict(), ckpt["state_dict"])
+    saved = next(v for k, v in ckpt["callbacks"].items() if "Federation" in k)["server"]
+    memory = one.trainer.federation.server.state_dict()
+    assert memory.keys() == saved.keys() and memory
+    for name, buffers in memory.items():
+        assert_same_state(buffers, saved[name])

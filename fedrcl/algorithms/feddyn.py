@@ -41,6 +41,8 @@ class FedDyn(PersistentClientState):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
+        if stage != "fit":  # evaluating a checkpoint needs neither the server half nor the sample counts
+            return
         self.server = self.trainer.federation.server
         if not isinstance(self.server, FedDynServer):
             raise ValueError(f"model FedDyn needs trainer.server fedrcl.server.FedDyn (its server half), got "

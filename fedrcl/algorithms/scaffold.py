@@ -55,6 +55,8 @@ class SCAFFOLD(PersistentClientState):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
+        if stage != "fit":  # evaluating a checkpoint needs neither the server half nor the sample counts
+            return
         self.server = self.trainer.federation.server
         if not isinstance(self.server, ScaffoldServer):
             raise ValueError(f"model SCAFFOLD needs trainer.server fedrcl.server.SCAFFOLD (its server half), got "
