@@ -115,13 +115,13 @@ def update(cli: FedRCLCLI, start: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def tiny_round(mode: str, lease: Lease, start: dict | None) -> tuple[FedRCLCLI, dict, torch.Tensor]:
+    if broken(mode) == "error":
+        raise RuntimeError(f"forced by GPU_LEASE_BREAK ({mode}=error)")
     cli = build(mode, lease, ["--trainer.rounds", "1", "--trainer.local_epochs", "1",
                               "--data.local_iters_per_epoch", "2"])
     first = {k: v.detach().clone() for k, v in cli.model.backbone.state_dict().items()}
     if start is not None and not all(torch.equal(first[k], v) for k, v in start.items()):
         raise AssertionError("the models of two modes start from different weights (seed)")
-    if broken(mode) == "error":
-        raise RuntimeError(f"forced by GPU_LEASE_BREAK ({mode}=error)")
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli, first, update(cli, first)
 

@@ -47,20 +47,23 @@ def test_max_time_stops_on_a_whole_round_that_resumes_exactly(data_root, tmp_pat
 
 
 def make_mosaics(folder: Path) -> dict[str, np.ndarray]:
-    """CIFAR-10-format JPEG mosaics (250 tiles of 32 px per row) of flat-coloured images; returns the colours."""
+    """CIFAR-10-format JPEG mosaics (250 tiles of 32 px per row) of random textured images (flat ones would make
+    GroupNorm divide by a zero variance); returns each image's mean colour, to check the decoding's order."""
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
-    colours = {}
+    means = {}
     for split, n in (("train", 300), ("test", 60)):
-        colours[split] = rng.integers(0, 256, (n, 3), dtype=np.uint8)
+        base = rng.integers(40, 216, (n, 1, 1, 3))
+        images = np.clip(base + rng.integers(-40, 41, (n, 32, 32, 3)), 0, 255).astype(np.uint8)
+        means[split] = images.mean(axis=(1, 2))
         mosaic = np.zeros((-(-n // 250) * 32, 250 * 32, 3), np.uint8)
-        for i, colour in enumerate(colours[split]):
+        for i, image in enumerate(images):
             row, col = divmod(i, 250)
-            mosaic[row * 32:(row + 1) * 32, col * 32:(col + 1) * 32] = colour
+            mosaic[row * 32:(row + 1) * 32, col * 32:(col + 1) * 32] = image
         Image.fromarray(mosaic).save(folder / f"{split}.jpg", quality=95, subsampling=0)
     np.savez(folder / "labels.npz", y_train=rng.integers(0, 10, 300).astype(np.uint8),
              y_test=rng.integers(0, 10, 60).astype(np.uint8), classes=np.array(CLASSES))
-    return colours
+    return means
 
 
 def lease_sh(*flags: str, **env: object) -> subprocess.CompletedProcess:
@@ -101,7 +104,7 @@ def unpack_curves(back: Path, run: str, folder: Path) -> dict[int, float]:
 
 def test_gpu_lease_rehearsal(tmp_path):
     jpeg, carry = tmp_path / "cifar10_jpeg", tmp_path / "carry" / ".lease"
-    colours = make_mosaics(jpeg)
+    means = make_mosaics(jpeg)
     prepared = lease_sh("--prepare", LEASE_DATA=jpeg, LEASE_CARRY=carry)
     assert "call payload with .lease" in prepared.stdout and (carry / "cifar10_jpeg" / "train.jpg").exists()
 
@@ -117,9 +120,9 @@ def test_gpu_lease_rehearsal(tmp_path):
     assert set(summary["seconds_per_round"]) == {"FedAvg", "FedRCL"}
     with np.load(work_a / "data" / "cifar10.npz") as data:  # the mosaics decoded tile by tile, in order
         for split in ("train", "test"):
-            x = data[f"x_{split}"].astype(int)
-            assert x.shape == (len(colours[split]), 32, 32, 3) and data[f"y_{split}"].dtype == np.int64
-            assert np.abs(x - colours[split][:, None, None, :]).max() <= 4
+            x = data[f"x_{split}"]
+            assert x.shape == (len(means[split]), 32, 32, 3) and data[f"y_{split}"].dtype == np.int64
+            assert np.abs(x.mean(axis=(1, 2)) - means[split]).max() < 2
     command = summary["runs"]["toy_fedrcl"]["command"][1:]
     cut = command.index("--trainer.max_time")
     reference = command[:cut] + command[cut + 2:]
