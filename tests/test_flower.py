@@ -11,8 +11,10 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -48,9 +50,10 @@ def flower_args(data_root: Path, save_dir: Path, name: str) -> list[str]:
             "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3", *overlays]
 
 
-def run_process(command: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
+def run_process(command: list[str], timeout: float, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``command`` in its own process group; on timeout or error, end the whole group (Ray's too)."""
-    proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **FLOWER_ENV}, stdout=subprocess.PIPE,
+    env = {**os.environ, **FLOWER_ENV, **(env or {})}
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -123,3 +126,56 @@ def test_flower_payload_is_fedrcl_ledger_plus_npy_headers(runs):
         ledger = np.array(scalars[f"comm/{direction}_bytes"][1])
         payload = np.array(scalars[f"flower/{direction}_bytes"][1])
         np.testing.assert_array_equal(payload - ledger, 3 * overhead)  # 3 clients per round
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_localhost_deployment_gives_fit_weights(data_root, tmp_path):
+    """A SuperLink and 2 SuperNodes as real processes over HTTP on localhost, each SuperNode serving half
+    the clients, ``flwr run`` of ``examples/flower_app``: FedRCL's 2 rounds equal ``fedrcl fit``'s."""
+    run_cli(data_root, tmp_path / "fit", rounds=2)  # FedRCL, the quickstart's method
+    args = flower_args(data_root, tmp_path / "flower", "fedavg")
+    args[args.index("--model") + 1] = "fedrcl.algorithms.FedRCL"
+    args[args.index("--trainer.rounds") + 1] = "2"
+    home, port = tmp_path / "flwr_home", free_port()
+    home.mkdir()
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "localhost"\n\n[superlink.localhost]\n'
+                                      f'address = "127.0.0.1:{port}"\ninsecure = true\n')
+    env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(home)}
+    commands = [["flower-superlink", "--insecure", "--port", str(port), "--disable-runtime-dependency-installation"]]
+    commands += [["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}", "--port", str(free_port()),
+                  "--node-config", f"partition-id={i} num-partitions=2"] for i in range(2)]
+    started = []
+    try:
+        for i, command in enumerate(commands):
+            log = open(tmp_path / f"process{i}.log", "w")
+            started.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True))
+            if i == 0:
+                deadline = time.monotonic() + 60
+                while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+                    assert time.monotonic() < deadline, "the SuperLink did not open its port in 60 s"
+                    time.sleep(0.5)
+        run_process(["flwr", "run", str(REPO / "examples" / "flower_app"), "localhost", "--stream",
+                     "--run-config", f"fedrcl-args={json.dumps(' '.join(args))}"], timeout=420, cwd=tmp_path,
+                    env={"FLWR_HOME": str(home)})
+    finally:
+        for proc in started:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=30)
+    logs = "\n".join(p.read_text()[-3000:] for p in sorted(tmp_path.glob("process*.log")))
+    flower = tmp_path / "flower" / "quickstart" / "version_0"
+    assert (flower / "checkpoints" / "last.ckpt").is_file(), logs
+    a, b = last_weights(tmp_path / "fit" / "quickstart" / "version_0"), last_weights(flower)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert load_scalars(flower)["val/acc_ema"][1].tolist() == \
+        load_scalars(tmp_path / "fit" / "quickstart" / "version_0")["val/acc_ema"][1].tolist()
