@@ -5,7 +5,9 @@ that client's sample count and tensors (``ClientReports.add``); the server folds
 Sums are float64 with integer sample-count weights, so (as in ``fedrcl.federated.aggregation``) they do not
 depend on the order in which clients finish or on how they are split over processes. With several
 processes, ``total`` sums each process's part in one all-reduce per tensor; every process calls it at the
-same point of the round (the server step), after the round's aggregation.
+same point of the round (the server step), after the round's aggregation. The reports travel inside
+the process (the client half calls its server half, ``trainer.federation.server``); the Flower adapter,
+whose clients run in other processes, does not carry them.
 """
 from __future__ import annotations
 
@@ -49,8 +51,9 @@ class ClientReports:
     def total(self, device: torch.device) -> tuple[float, dict[str, Tensor]]:
         """``(sum_i n_i / n_all, {name: sum_i n_i t_i / n_all})`` over every process's clients, then clear."""
         if self.total_samples is None:
-            raise RuntimeError("no client reported to the server this round: the client algorithm and "
-                               "trainer.server do not match")
+            raise RuntimeError("no client reported to the server this round: the client algorithm does not "
+                               "match trainer.server, or the clients ran elsewhere (fedrcl.flower does not carry "
+                               "these reports yet)")
         weight = _sum_over_processes(torch.tensor(self.weight, dtype=torch.float64, device=device)).item()
         sums = {k: _sum_over_processes(v) / self.total_samples for k, v in self.sums.items()}
         fraction = weight / self.total_samples
