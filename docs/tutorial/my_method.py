@@ -4,13 +4,12 @@
 
 - ``MyMethod``: FedProx's proximal term on the classifier only, ``CE + mu/2 ||w_head - w_head_global||^2``.
 - ``MyStatefulMethod``: also pulls each client's classifier towards the one it trained last time it took
-  part (per-client state in a ``ClientStateStore``).
+  part (per-client state, ``PersistentClientState``).
 - ``MyMethodWithCounts``: also uploads the client's label counts (counted in the byte ledger).
 - ``ServerLR``: a server learning rate, ``w <- w + eta * delta`` (a server optimizer of one's own).
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -18,9 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms import FedAvg
-from fedrcl.federated.client_state import ClientStateStore
+from fedrcl.algorithms.client_memory import PersistentClientState
 from fedrcl.federated.context import ClientContext
-from fedrcl.federated.strategy import gather_objects
 from fedrcl.losses.proximal import squared_distance
 from fedrcl.models.output import ModelOutput
 from fedrcl.server.base import ServerOptimizer, State, round_update
@@ -62,70 +60,43 @@ class MyMethod(FedAvg):
         return ce + self.mu / 2 * prox, {"ce": ce, "prox": prox}
 
 
-class MyStatefulMethod(MyMethod):
+class MyStatefulMethod(PersistentClientState, MyMethod):
     """``MyMethod`` plus ``nu/2 ||w_head - w_head_previous||^2``, towards the classifier this client trained
     when it last took part (at its first participation: the broadcast classifier).
 
-    The previous classifier is per-client state: a ``ClientStateStore`` keeps one safetensors file per
-    client, and the checkpoint keeps the store's manifest, so ``--ckpt_path last`` resumes exactly.
+    The previous classifier is per-client state, kept by ``PersistentClientState`` (as SCAFFOLD's control
+    variates): one safetensors file per client, the files' manifest in the checkpoint.
 
     Args:
         nu: weight of the term towards the client's previous classifier; must be >= 0.
-        state_dir: folder of the per-client files; null: ``client_state`` in the run's log dir.
     """
 
     # Set per client by on_client_start and read by client_loss: stacked when clients train batched.
     client_tensors = ("previous_head",)
 
-    def __init__(self, nu: float = 0.01, state_dir: Optional[str] = None, **kwargs: Any):
+    def __init__(self, nu: float = 0.01, **kwargs: Any):
         super().__init__(**kwargs)
         if nu < 0:
             raise ValueError(f"model.nu must be >= 0, got {nu}")
-        self.nu, self.state_dir = nu, state_dir
-        self.store: Optional[ClientStateStore] = None
+        self.nu = nu
         self.previous_head: Optional[Tensor] = None
-        self._written: dict[int, str] = {}  # this round's files of this process's clients
-
-    def setup(self, stage: str) -> None:
-        if self.store is None:
-            root = self.trainer.log_dir or self.trainer.default_root_dir
-            checkpoints = [c.dirpath for c in self.trainer.checkpoint_callbacks if c.dirpath]
-            self.store = ClientStateStore(self.state_dir or Path(root) / "client_state", max_in_memory=8,
-                                          checkpoint_dirs=checkpoints)
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
-        state = self.store.get(client.client_id, device=self.device)
-        head = state if state is not None else {name: client.global_state[name] for name in self.head_names}
+        head = self.load_client_state(client.client_id)  # None at the client's first participation
+        if head is None:
+            head = {name: client.global_state[name] for name in self.head_names}
         self.previous_head = torch.cat([head[name].flatten() for name in self.head_names]).detach()
 
     def on_client_end(self, client: ClientContext) -> None:
         super().on_client_end(client)
-        head = {name: p.detach() for name, p in zip(self.head_names, self.head_parameters())}
-        self._written[client.client_id] = str(self.store.put(client.client_id, head, round_idx=client.round_idx))
-
-    def on_train_epoch_end(self) -> None:
-        super().on_train_epoch_end()
-        if self.trainer.world_size > 1:  # every process learns the files the others wrote this round
-            for rank, files in enumerate(gather_objects(self.trainer, self._written)):
-                if rank != self.trainer.global_rank:
-                    self.store.adopt(files)
-        self._written = {}
+        self.save_client_state(client, dict(zip(self.head_names, self.head_parameters())))
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         loss, parts = super().client_loss(x, y, out)
         head = torch.cat([p.flatten() for p in self.head_parameters()])
         own = (head - self.previous_head).pow(2).sum()
         return loss + self.nu / 2 * own, {**parts, "own": own}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint["client_state"] = self.store.state_dict()
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        if "client_state" in checkpoint and self.store is not None:
-            self.store.load_state_dict(checkpoint["client_state"])
 
 
 class MyMethodWithCounts(MyMethod):
