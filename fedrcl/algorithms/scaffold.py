@@ -11,7 +11,8 @@ received and ``y_i`` the final weights (``fedrcl.losses.control_variate``):
 
 The learning rate: ``eta_k`` is the lr the optimizer used at step k (the round's lr_decay and each local
 epoch's local_lr_decay included), and ``sum_k eta_k`` replaces the paper's ``K eta`` (its lr is constant;
-FL-bench and PFLlib divide by K times the initial lr, which differs once the lr decays). With plain SGD
+FL-bench and PFLlib divide by K times the configured lr, PFLlib also when its scheduler has decayed the lr,
+which overstates the step once the lr decays). With plain SGD
 (momentum 0), ``(x - y_i) / sum_k eta_k`` is then exactly the lr-weighted mean of the K steps' directions,
 so ``c_i+`` is the mean local gradient that option II estimates. Those directions are what SGD applied:
 the gradient of CE plus the correction, clipped to ``grad_clip_norm`` when it is longer, plus weight decay
