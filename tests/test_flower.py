@@ -11,10 +11,8 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,7 @@ pytest.importorskip("flwr", reason="Flower is an optional extra: pip install -e 
 from conftest import REPO, run_cli  # noqa: E402
 from fedrcl.analysis.runs import load_scalars  # noqa: E402
 from fedrcl.federated.sampling import sample_clients  # noqa: E402
+from fedrcl.flower.localhost import LocalDeployment  # noqa: E402
 
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1",
               "RAY_DEDUP_LOGS": "0"}
@@ -50,10 +49,9 @@ def flower_args(data_root: Path, save_dir: Path, name: str) -> list[str]:
             "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3", *overlays]
 
 
-def run_process(command: list[str], timeout: float, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_process(command: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
     """Run ``command`` in its own process group; on timeout or error, end the whole group (Ray's too)."""
-    env = {**os.environ, **FLOWER_ENV, **(env or {})}
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **FLOWER_ENV}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -128,12 +126,6 @@ def test_flower_payload_is_fedrcl_ledger_plus_npy_headers(runs):
         np.testing.assert_array_equal(payload - ledger, 3 * overhead)  # 3 clients per round
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_localhost_deployment_gives_fit_weights(data_root, tmp_path):
     """A SuperLink and 2 SuperNodes as real processes over HTTP on localhost, each SuperNode serving half
@@ -142,40 +134,94 @@ def test_localhost_deployment_gives_fit_weights(data_root, tmp_path):
     args = flower_args(data_root, tmp_path / "flower", "fedavg")
     args[args.index("--model") + 1] = "fedrcl.algorithms.FedRCL"
     args[args.index("--trainer.rounds") + 1] = "2"
-    home, port = tmp_path / "flwr_home", free_port()
-    home.mkdir()
-    (home / "config.toml").write_text(f'[superlink]\ndefault = "localhost"\n\n[superlink.localhost]\n'
-                                      f'address = "127.0.0.1:{port}"\ninsecure = true\n')
-    env = {**os.environ, **FLOWER_ENV, "FLWR_HOME": str(home)}
-    commands = [["flower-superlink", "--insecure", "--port", str(port), "--disable-runtime-dependency-installation"]]
-    commands += [["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}", "--port", str(free_port()),
-                  "--node-config", f"partition-id={i} num-partitions=2"] for i in range(2)]
-    started = []
-    try:
-        for i, command in enumerate(commands):
-            log = open(tmp_path / f"process{i}.log", "w")
-            started.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True))
-            if i == 0:
-                deadline = time.monotonic() + 60
-                while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-                    assert time.monotonic() < deadline, "the SuperLink did not open its port in 60 s"
-                    time.sleep(0.5)
-        run_process(["flwr", "run", str(REPO / "examples" / "flower_app"), "localhost", "--stream",
-                     "--run-config", f"fedrcl-args={json.dumps(' '.join(args))}"], timeout=420, cwd=tmp_path,
-                    env={"FLWR_HOME": str(home)})
-    finally:
-        for proc in started:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=30)
-    logs = "\n".join(p.read_text()[-3000:] for p in sorted(tmp_path.glob("process*.log")))
+    with LocalDeployment(nodes=2, workdir=tmp_path / "deployment", env=FLOWER_ENV) as deployment:
+        deployment.run(args, timeout=420)  # its processes' groups are ended on leaving, whatever happens
+        logs = deployment.logs()
     flower = tmp_path / "flower" / "quickstart" / "version_0"
     assert (flower / "checkpoints" / "last.ckpt").is_file(), logs
-    a, b = last_weights(tmp_path / "fit" / "quickstart" / "version_0"), last_weights(flower)
+    fit = tmp_path / "fit" / "quickstart" / "version_0"
+    a, b = last_weights(fit), last_weights(flower)
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    assert load_scalars(flower)["val/acc_ema"][1].tolist() == \
-        load_scalars(tmp_path / "fit" / "quickstart" / "version_0")["val/acc_ema"][1].tolist()
+    np.testing.assert_array_equal(load_scalars(flower)["val/acc_ema"][1], load_scalars(fit)["val/acc_ema"][1])
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedrcl_fedacg"])
+def test_fit_resumes_a_flower_run(runs, data_root, tmp_path, name):
+    """``fedrcl fit --ckpt_path last`` continues a Flower run (FedACG: with the momentum the strategy kept) to
+    round 4 with the weights of a run that never stopped; ``fedrcl validate`` reads its checkpoint. (MOON's
+    client states stay on the Flower nodes, so a resumed MOON run would start without them.)"""
+    model, overlays = METHODS[name]
+    flower_save = runs[name][1].parents[1]
+    evaluated = run_cli(data_root, flower_save, *overlays, "--ckpt_path", "last", subcommand="validate", model=model)
+    assert evaluated.trainer.callback_metrics["val/acc"].item() == load_scalars(runs[name][1])["val/acc"][1][-1]
+    resumed = run_cli(data_root, flower_save, *overlays, "--ckpt_path", "last", rounds=4, model=model)
+    straight = run_cli(data_root, tmp_path / "straight", *overlays, rounds=4, model=model)
+    a, b = resumed.model.backbone.state_dict(), straight.model.backbone.state_dict()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+# -- the strategy alone: order, failures (no Flower runtime) ---------------------------------------------------
+@pytest.fixture
+def server_task(monkeypatch):
+    """The identity a ServerApp process has (Flower's runtime sets it; messages are stamped with it)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+def _round(num_clients: int = 6):
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    from fedrcl.flower.strategy import FedrclStrategy
+    from fedrcl.server import FedAvg
+
+    strategy = FedrclStrategy(FedAvg(), [10 + k for k in range(num_clients)], 3, seed=0)
+    strategy.nodes = {k: 100 + k for k in range(num_clients)}
+    start = {"w": torch.zeros(5)}
+    messages = list(strategy.configure_train(1, ArrayRecord.from_torch_state_dict(start), ConfigRecord(), None))
+    for i, message in enumerate(messages):
+        message.metadata.__dict__["_message_id"] = f"m{i}"  # what a Grid sets when it pushes a message
+    return strategy, messages
+
+
+def _reply(message, weights: torch.Tensor, failure: str = ""):
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+    return Message(RecordDict({"fedrcl.weights": ArrayRecord.from_torch_state_dict({"w": weights}),
+                               "fedrcl.train": MetricRecord({"steps": 2, "loss": 1.5}),
+                               "fedrcl.status": ConfigRecord({"failure": failure})}), reply_to=message)
+
+
+def test_strategy_samples_with_fedrcl_and_ignores_arrival_order(server_task):
+    strategy, messages = _round()
+    clients = sample_clients(6, 3, 0, 0)
+    assert [m.content["fedrcl.round"]["client_id"] for m in messages] == clients
+    assert [m.metadata.dst_node_id for m in messages] == [100 + k for k in clients]
+    weights = {k: torch.randn(5, generator=torch.Generator().manual_seed(k)) for k in clients}
+    replies = [_reply(m, weights[k]) for m, k in zip(messages, clients)]
+    arrays, metrics = strategy.aggregate_train(1, list(reversed(replies)))
+    n = {k: 10 + k for k in clients}
+    expected = (sum(n[k] * weights[k].double() for k in clients) / sum(n.values())).float()
+    assert torch.equal(arrays.to_torch_state_dict()["w"], expected)
+    assert metrics["train/loss"] == 1.5 * 3 / 6  # summed step losses over all steps
+
+
+def test_a_failing_or_silent_client_stops_the_round_naming_it(server_task):
+    from flwr.app import Error, Message
+
+    from fedrcl.federated.divergence import DivergenceError
+    from fedrcl.flower.strategy import ClientFailure
+
+    strategy, messages = _round()
+    clients = sample_clients(6, 3, 0, 0)
+    failed = [_reply(m, torch.ones(5)) for m in messages[:2]] + [Message(Error(0, "out of memory"), reply_to=messages[2])]
+    with pytest.raises(ClientFailure, match=f"client {clients[2]} .*out of memory"):
+        strategy.aggregate_train(1, failed)
+    with pytest.raises(ClientFailure, match=rf"no reply from clients \[{clients[1]}\]"):
+        strategy.aggregate_train(1, [_reply(messages[0], torch.ones(5)), _reply(messages[2], torch.ones(5))])
+    diverged = [_reply(m, torch.ones(5), failure="non-finite loss" if i == 1 else "") for i, m in enumerate(messages)]
+    with pytest.raises(DivergenceError, match=f"client {clients[1]} \\(non-finite loss\\)"):
+        strategy.aggregate_train(1, diverged)
