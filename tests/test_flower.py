@@ -225,3 +225,15 @@ def test_a_failing_or_silent_client_stops_the_round_naming_it(server_task):
     diverged = [_reply(m, torch.ones(5), failure="non-finite loss" if i == 1 else "") for i, m in enumerate(messages)]
     with pytest.raises(DivergenceError, match=f"client {clients[1]} \\(non-finite loss\\)"):
         strategy.aggregate_train(1, diverged)
+
+
+@pytest.mark.parametrize("method", ["fedproc", "scaffold", "feddyn"])
+def test_methods_whose_server_needs_more_than_weights_are_refused(data_root, tmp_path, method):
+    """FedProc (prototypes), SCAFFOLD (control variates) and FedDyn (sample-count reports) stop before
+    any training with an error naming what is missing, rather than run on Flower with a part left out."""
+    from fedrcl.flower.server import run_federation
+
+    args = flower_args(data_root, tmp_path, "fedavg") + ["--config", str(REPO / "configs" / "methods" / f"{method}.yaml")]
+    with pytest.raises(NotImplementedError, match="exchanges more than the weights"):
+        run_federation(None, args)
+    assert not (tmp_path / "quickstart").exists()  # nothing written

@@ -13,31 +13,41 @@ scalars go to the config's logger with the round as the step (``train/loss*``, `
 from __future__ import annotations
 
 import time
+from logging import WARNING
 from collections.abc import Sequence
 from typing import Optional
 
 import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
+from flwr.common import log
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 from fedrcl.data.datamodule import EvalBatches
-from fedrcl.federated.federation import load_state_
+from fedrcl.federated.federation import Federation, load_state_
 from fedrcl.federated.local_update import attach
 from fedrcl.flower.config import Args, as_args, build, run_args
 from fedrcl.flower.strategy import FedrclStrategy
 
 
 def unsupported(module, trainer) -> Optional[str]:
-    """Why this run cannot go through Flower (``None`` if it can)."""
-    for name in ("extra_download", "extra_upload"):
-        if hasattr(module, name):
-            return (f"{type(module).__name__} exchanges more than weights ({name}): its server-side state "
-                    "is not carried over to Flower yet")
-    if hasattr(trainer.federation.server, "extra_broadcast"):
-        return f"{type(trainer.federation.server).__name__} broadcasts per-client extras, not carried over to Flower"
+    """Why this run cannot go through Flower (``None`` if it can): methods whose server half needs more than
+    the clients' weights are refused rather than run with a part missing."""
+    server = trainer.federation.server
+    for owner, name in ((module, "extra_download"), (module, "extra_upload"), (server, "extra_broadcast"),
+                        (server, "receive")):
+        if hasattr(owner, name):
+            return (f"{type(module).__name__} with {type(server).__name__} exchanges more than the weights "
+                    f"({type(owner).__name__}.{name}); fedrcl.flower carries only weights and losses yet")
     return None
+
+
+def not_run(trainer) -> list[str]:
+    """The config's callbacks that a Flower run does not call (its rounds are Flower's, not Lightning's)."""
+    kept = (SaveConfigCallback, ModelCheckpoint, ProgressBar, Federation)
+    return [type(c).__name__ for c in trainer.callbacks if not isinstance(c, kept)]
 
 
 def evaluate(module, datamodule) -> float:
@@ -78,6 +88,9 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     why = unsupported(module, trainer)
     if why:
         raise NotImplementedError(why)
+    ignored = not_run(trainer)
+    if ignored:
+        log(WARNING, "fedrcl.flower does not run these trainer.callbacks: %s", ", ".join(ignored))
     attach(trainer, module, dm)
     for callback in trainer.callbacks:
         if isinstance(callback, SaveConfigCallback):
