@@ -237,11 +237,17 @@ def test_batched_clients_equal_sequential(data_root, tmp_path, method):
 
 @pytest.mark.parametrize("method", ["scaffold", "feddyn"])
 def test_resume_is_exact(data_root, tmp_path, method):
-    """Stopped after round 2 and resumed with ``--ckpt_path last``: round 3 equals a run that never stopped
-    (model, server memory, every client's state), bitwise on the CPU."""
+    """Killed (SIGKILL) while writing round 3's checkpoint and resumed with ``--ckpt_path last`` from round 2's:
+    round 3 equals a run that never stopped (model, server memory, every client's state), bitwise on the CPU."""
+    from test_reliability import fit_process
+
     every = ("--trainer.checkpoint_every", "1")
-    fit(data_root, tmp_path / "cut", method, *every, rounds=2)
+    model, overlay = METHOD[method]
+    killed = fit_process(data_root, tmp_path / "cut", "--config", overlay, *every, rounds=3, model=model,
+                         fault="kill:last.ckpt:2")
+    assert killed.returncode == -9, killed.stderr[-2000:]
     resumed = fit(data_root, tmp_path / "cut", method, *every, "--ckpt_path", "last", rounds=3)
+    assert Path(resumed.trainer.ckpt_path).name == "round0001.ckpt"  # round 2, the newest complete one
     full = fit(data_root, tmp_path / "full", method, *every, rounds=3)
     assert resumed.trainer.current_epoch == full.trainer.current_epoch == 3
     assert_same_state(full.model.state_dict(), resumed.model.state_dict())
