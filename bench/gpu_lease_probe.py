@@ -29,12 +29,12 @@ import threading
 import time
 from pathlib import Path
 
-import lightning as L
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_lease_fit import save_cache  # noqa: E402
+from gpu_round import RoundTimer  # noqa: E402
 from gpu_lease_run import MODES, Lease, fit_args, write_json  # noqa: E402
 
 from fedrcl.algorithms import FedAvg  # noqa: E402
@@ -58,11 +58,6 @@ def build(mode: str, lease: Lease, extra: list[str]) -> FedRCLCLI:
                      run=False, args=args)
 
 
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 class Busy(threading.Thread):
     """The GPU's busy fraction (NVML's utilization), sampled every 0.1 s while running."""
 
@@ -83,24 +78,19 @@ class Busy(threading.Thread):
         return round(statistics.mean(self.samples), 3) if self.samples else None
 
 
-class RoundClock(L.Callback):
-    """Seconds per round (round start to the end of its evaluation); stops after ``rounds`` or ``cap`` s."""
+class RoundClock(RoundTimer):
+    """``bench/gpu_round.py``'s round timer that also stops the fit after ``rounds`` rounds or ``cap`` seconds."""
 
     def __init__(self, rounds: int, cap: float):
-        self.rounds, self.cap, self.seconds = rounds, cap, []
+        super().__init__("cuda" if torch.cuda.is_available() else "cpu")
+        self.rounds, self.cap = rounds, cap
 
     def on_train_start(self, trainer, pl_module):
         self.begun = time.perf_counter()
 
-    def on_train_epoch_start(self, trainer, pl_module):
-        sync()
-        self.start = time.perf_counter()
-
     def on_train_epoch_end(self, trainer, pl_module):
-        sync()
-        now = time.perf_counter()
-        self.seconds.append(now - self.start)
-        if len(self.seconds) >= self.rounds or now - self.begun > self.cap:
+        super().on_train_epoch_end(trainer, pl_module)
+        if len(self.seconds) >= self.rounds or time.perf_counter() - self.begun > self.cap:
             trainer.should_stop = True
 
 

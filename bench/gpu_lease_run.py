@@ -497,7 +497,8 @@ def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], 
     (main / "resume").mkdir(parents=True)
     if wheels is not None:
         shutil.copytree(wheels, main / "wheels")
-    shutil.copytree(data, main / "cifar10_jpeg")
+    shutil.copytree(data, main / "cifar10_jpeg", copy_function=shutil.copyfile)  # writable copies
+    (main / "cifar10_jpeg").chmod(0o755)
     tree = travelling_tree_bytes()
     resume: list[Path] = []
     if sources:

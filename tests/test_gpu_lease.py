@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -162,3 +163,37 @@ def test_gpu_lease_rehearsal(tmp_path):
              **unpack_curves(back_b, "toy_fedrcl", tmp_path / "logs_b")}
     assert curve == dict(zip(*load_scalars(tmp_path / "reference" / "toy_fedrcl")["val/acc"]))
     assert sorted(curve) == [1, 2, 3]
+
+
+def test_a_lease_that_breaks_still_returns_its_logs(tmp_path):
+    """No data carried: the lease stops before training, exit 1, and its summary names the error."""
+    full = {**os.environ, "GPU_LEASE_REHEARSAL": "1", "OMP_NUM_THREADS": "1", "LEASE_WORK": str(tmp_path / "w"),
+            "OUT": str(tmp_path / "out"), "LEASE_CARRY": str(tmp_path / "nothing" / ".lease")}
+    done = subprocess.run(["bash", str(REPO / "bench" / "gpu_lease.sh")], env=full, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["error"].startswith("FileNotFoundError: no cifar10_jpeg/")
+    with tarfile.open(tmp_path / "out" / "logs.tar.gz") as tar:
+        assert "logs/lease.log" in tar.getnames()
+
+
+def test_runs_past_the_deadline_get_sigterm_then_sigkill(tmp_path, monkeypatch):
+    """The backstop: a run still going at the deadline gets SIGTERM; one that ignores it, SIGKILL."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from gpu_lease_run import Lease, wait_runs
+
+    # The deadline (start + limit - collection time) passed a second ago; SIGKILL comes half the collection
+    # time after it, a second from now.
+    lease = Lease(work=tmp_path, started=time.time() - 1.0, limit_s=4.0, collect_s=4.0)
+    ready = tmp_path / "ready"
+    commands = {"polite": f"touch {ready}.polite; sleep 30",
+                "stubborn": f"trap '' TERM; touch {ready}.stubborn; while :; do sleep 0.1; done"}
+    runs = {name: {"process": subprocess.Popen(["bash", "-c", command]), "log": open(tmp_path / name, "w")}
+            for name, command in commands.items()}
+    while not all(Path(f"{ready}.{name}").exists() for name in commands):  # the trap is set
+        time.sleep(0.05)
+    lease.started = time.time() - 1.0
+    wait_runs(runs, lease)
+    assert runs["polite"]["process"].returncode == -15
+    assert runs["stubborn"]["process"].returncode == -9
