@@ -61,6 +61,7 @@ class Lease:
     part_bytes: int = field(default_factory=lambda: int(env_float("LEASE_PART_BYTES", 15 * MiB)))
     out_files: int = field(default_factory=lambda: int(env_float("LEASE_OUT_FILES", 8)))
     out_bytes: int = field(default_factory=lambda: int(env_float("LEASE_OUT_BYTES", 63 * MiB)))
+    index: int = 0  # leases before this one in the runs' history: their logs are version_0 ... version_{index-1}
 
     @property
     def deadline(self) -> float:
@@ -133,7 +134,8 @@ def fit_args(method: str, mode: str, lease: Lease) -> list[str]:
             "--trainer.client_batching", batching, "--trainer.compile_clients", str(compiled).lower(),
             "--trainer.precision", "bf16-mixed",
             "--trainer.logger.init_args.save_dir", str(lease.work / "runs"),
-            "--trainer.logger.init_args.name", run_name(method, lease)]
+            "--trainer.logger.init_args.name", run_name(method, lease),
+            "--trainer.logger.init_args.version", str(lease.index)]
     if lease.rehearsal:
         return args + ["--model.init_args.backbone.init_args.width", "2", "--trainer.accelerator", "cpu",
                        "--torch_threads", "1", "--trainer.rounds", "3", "--data.num_clients", "10",
@@ -444,6 +446,7 @@ def lease_steps(lease: Lease) -> int:
         count = decode_mosaics(jpeg, npz)
         log(f"data: {count} training images decoded from {jpeg} in {time.time() - start:.1f} s")
     before = previous_summary(lease)
+    lease.index = (before or {}).get("lease_index", -1) + 1
     unpack_compile_cache(lease, before)
     probe_start = time.time()
     decision = probe(lease, facts)
@@ -458,7 +461,7 @@ def lease_steps(lease: Lease) -> int:
     wait_runs(runs, lease)
     results = {name: run_result(name, r, lease) for name, r in runs.items()}
     summary = {"format": FORMAT, "lease_started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(lease.started)),
-               "rehearsal": lease.rehearsal, **facts, "mode": decision["mode"],
+               "lease_index": lease.index, "rehearsal": lease.rehearsal, **facts, "mode": decision["mode"],
                "room_for_third": bool(decision.get("room_for_third")), "probe": decision,
                "seconds": {"setup_and_data": round(probe_start - lease.started, 1),
                            "probe": round(probe_seconds, 1), "train": round(time.time() - train_start, 1)},
