@@ -47,6 +47,13 @@ def test_dynamic_regularizer_and_dual_update():
     torch.testing.assert_close(g, torch.tensor([0.3, 0.8]))
 
 
+def test_bad_hyperparameters_name_their_key():
+    with pytest.raises(ValueError, match="trainer.server.init_args.global_lr must be > 0"):
+        ScaffoldServer(global_lr=0)
+    with pytest.raises(ValueError, match="trainer.server.init_args.alpha must be > 0"):
+        FedDynServer(alpha=-0.1)
+
+
 def test_scaffold_server_step():
     server = ScaffoldServer(global_lr=0.5)
     x = {"w": torch.tensor([1.0]), "count": torch.tensor(7)}
@@ -229,6 +236,7 @@ def test_batched_clients_equal_sequential(data_root, tmp_path, method):
         runs[mode] = cli
     for n, value in runs["off"].model.backbone.state_dict().items():
         torch.testing.assert_close(runs["on"].model.backbone.state_dict()[n], value, rtol=1e-5, atol=1e-7)
+    assert runs["on"].trainer.federation.ledger.cumulative == runs["off"].trainer.federation.ledger.cumulative
     a, b = (runs[m].trainer.federation.server.state_dict() for m in ("off", "on"))
     for name, memory in a.items():
         for n, value in memory.items():
