@@ -27,10 +27,10 @@ from fedrcl.flower.localhost import QUIET, LocalDeployment
 REPO = Path(__file__).resolve().parents[1]
 
 
-def args_for(tmp: Path, mode: str, rounds: int) -> list[str]:
+def args_for(tmp: Path, folder: str, rounds: int) -> list[str]:
     return ["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(tmp / "data"),
             "--trainer.rounds", str(rounds), "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false",
-            "--trainer.logger.init_args.save_dir", str(tmp / mode)]
+            "--trainer.logger.init_args.save_dir", str(tmp / folder)]
 
 
 def steady_round(run: Path) -> float:
@@ -47,18 +47,18 @@ def main() -> None:
     results: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        commands = {"fedrcl fit": [sys.executable, "-m", "fedrcl.cli", "fit"],
-                    "flower simulation": [sys.executable, "-m", "fedrcl.flower"]}
-        for mode, command in commands.items():
+        commands = {"fit": ("fedrcl fit", [sys.executable, "-m", "fedrcl.cli", "fit"]),
+                    "simulation": ("flower simulation", [sys.executable, "-m", "fedrcl.flower"])}
+        for folder, (mode, command) in commands.items():
             started = time.perf_counter()
-            subprocess.run([*command, *args_for(tmp, mode, opts.rounds)], check=True, env=env, cwd=tmp,
+            subprocess.run([*command, *args_for(tmp, folder, opts.rounds)], check=True, env=env, cwd=tmp,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=3600)
-            results[mode] = time.perf_counter() - started, steady_round(tmp / mode)
+            results[mode] = time.perf_counter() - started, steady_round(tmp / folder)
         mode = f"flower localhost ({opts.nodes} SuperNodes)"
         started = time.perf_counter()
         with LocalDeployment(opts.nodes, workdir=tmp / "deployment") as deployment:
-            deployment.run(args_for(tmp, mode, opts.rounds), timeout=3600)
-        results[mode] = time.perf_counter() - started, steady_round(tmp / mode)
+            deployment.run(args_for(tmp, "localhost", opts.rounds), timeout=3600)
+        results[mode] = time.perf_counter() - started, steady_round(tmp / "localhost")
     wall0, round0 = results["fedrcl fit"]
     print(f"quickstart, {opts.rounds} rounds, {os.cpu_count()} CPUs")
     print(f"{'run':<34} {'wall s':>8} {'s/round':>8} {'wall ratio':>10} {'round ratio':>11}")

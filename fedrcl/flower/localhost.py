@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -86,7 +87,7 @@ class LocalDeployment:
 
     def run(self, args: Args, timeout: float = 3600.0) -> str:
         """``flwr run`` the fedrcl arguments ``args`` on these nodes and wait for the end; returns its output."""
-        fedrcl_args = " ".join(absolute(as_args(args)))
+        fedrcl_args = shlex.join(absolute(as_args(args)))
         command = ["flwr", "run", str(APP), "localhost", "--stream",
                    "--run-config", f"fedrcl-args={json.dumps(fedrcl_args)}"]
         proc = subprocess.Popen(command, cwd=self.workdir, env=self.env, stdout=subprocess.PIPE,

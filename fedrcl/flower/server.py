@@ -119,11 +119,11 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
             with strategy.ledger.timed("evaluation"):
                 metrics["val/acc"] = evaluate(module, dm)
             metrics["val/acc_ema"] = module.acc_ema
-        save_round(trainer, module, round_idx, strategy.steps)
         _, ledger = strategy.ledger.metrics()
         ledger.update({f"flower/{d}_bytes": float(n) for d, n in strategy.payload.items()})
-        for log_metrics in loggers:
+        for log_metrics in loggers:  # before the round's checkpoint, as fedrcl fit does
             log_metrics({**metrics, **ledger}, step=round_idx + 1)
+        save_round(trainer, module, round_idx, strategy.steps)
         started[0] = time.perf_counter()
         return MetricRecord({k: float(v) for k, v in metrics.items()})
 
