@@ -31,7 +31,8 @@ def test_linear_term_and_its_gradient():
 
 def test_control_variate_delta_option_two():
     # (x - y) / sum eta - c = ([1, 2] - [0.5, 3]) / 0.5 - [0.1, -0.2]
-    delta = control_variate_delta(torch.tensor([1.0, 2.0]), torch.tensor([0.5, 3.0]), 0.5, torch.tensor([0.1, -0.2]))
+    delta = control_variate_delta(torch.tensor([1.0, 2.0]), torch.tensor([0.5, 3.0]), 0.5,
+                                  torch.tensor([0.1, -0.2]))
     torch.testing.assert_close(delta, torch.tensor([0.9, -1.8]))
     with pytest.raises(ValueError, match="lr_sum"):
         control_variate_delta(torch.zeros(1), torch.zeros(1), 0.0, torch.zeros(1))

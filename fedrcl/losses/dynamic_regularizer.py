@@ -24,7 +24,8 @@ from fedrcl.losses.control_variate import linear_term
 from fedrcl.losses.proximal import squared_distance
 
 
-def dynamic_regularizer(weights: Sequence[Tensor], dual: Tensor, anchors: Sequence[Tensor], alpha: float) -> Tensor:
+def dynamic_regularizer(weights: Sequence[Tensor], dual: Tensor, anchors: Sequence[Tensor],
+                        alpha: float) -> Tensor:
     """``- <dual, theta> + alpha/2 ||theta - anchors||^2`` (scalar); gradients flow into ``weights`` only.
 
     Args:
