@@ -16,7 +16,8 @@
 # (150) the probe's limit; LEASE_PROBE=always probes even where the last decision could be reused;
 # LEASE_WORK (/tmp/lease); LEASE_CARRY (.lease); LEASE_DATA (../shared/data/cifar10_jpeg, for --prepare).
 # GPU_LEASE_REHEARSAL=1: the same steps on this CPU at toy scale (width 2, 3 rounds; tests/test_gpu_lease.py),
-# with GPU_LEASE_BREAK (default batched+compiled=error,batched=unequal) breaking the batched modes on purpose.
+# with GPU_LEASE_BREAK (default batched+compiled=error,batched=unequal) breaking the batched modes on purpose
+# and LEASE_TOY_WIDTH (2) the ResNet-18 width.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LEASE_T0=${LEASE_T0:-$(date +%s.%N)} PYTHONUNBUFFERED=1

@@ -137,7 +137,8 @@ def fit_args(method: str, mode: str, lease: Lease) -> list[str]:
             "--trainer.logger.init_args.name", run_name(method, lease),
             "--trainer.logger.init_args.version", str(lease.index)]
     if lease.rehearsal:
-        return args + ["--model.init_args.backbone.init_args.width", "2", "--trainer.accelerator", "cpu",
+        width = os.environ.get("LEASE_TOY_WIDTH", "2")
+        return args + ["--model.init_args.backbone.init_args.width", width, "--trainer.accelerator", "cpu",
                        "--torch_threads", "1", "--trainer.rounds", "3", "--data.num_clients", "10",
                        "--trainer.clients_per_round", "2", "--trainer.local_epochs", "2",
                        "--data.batch_size", "4", "--data.local_iters_per_epoch", "2",
@@ -249,20 +250,26 @@ def probe(lease: Lease, facts: dict) -> dict:
     return found
 
 
-def start_run(method: str, mode: str, lease: Lease, before: dict | None, margin: float) -> dict:
-    """Start one ``fedrcl fit`` (resumed from the carried checkpoint if there is one) with ``max_time`` set so
-    that the round that passes it ends before the deadline (``margin``: about one round's seconds)."""
+def start_run(method: str, mode: str, lease: Lease, before: dict | None, margin: float,
+              resume_from: Path | None = None) -> dict:
+    """Start one ``fedrcl fit`` (resumed from ``resume_from``, else from the carried checkpoint if there is one)
+    with ``max_time`` set so that the round that passes it ends before the deadline (``margin``: about one
+    round's seconds)."""
     import torch
 
     name = run_name(method, lease)
     args, offset, start_round = fit_args(method, mode, lease), 0.0, 0
     saved = (before or {}).get("runs", {}).get(name, {}).get("checkpoint")
+    if resume_from is not None:
+        saved = None
     if saved and not all((lease.work / "resume" / part).exists() for part in saved["parts"]):
         log(f"train: {name} NOT started: parts of its checkpoint ({saved['file']}) were not carried; carry "
             "them (--prepare --from, then --stash) or drop the run from the summary to start it over")
         return {}
+    ckpt = resume_from
     if saved:
         ckpt = join_parts(lease.work / "resume", saved["file"], saved["sha256"], lease.work / "ckpt" / f"{name}.ckpt")
+    if ckpt is not None:
         checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
         sys.path.insert(0, str(REPO))
         from fedrcl.federated.deadline import training_seconds
@@ -275,19 +282,31 @@ def start_run(method: str, mode: str, lease: Lease, before: dict | None, margin:
     cmd = [sys.executable, str(REPO / "bench" / "gpu_lease_fit.py"), "--cache-in", str(cache_in),
            "--cache-out", str(cache_out), *args]
     log(f"train: {name} ({mode}) from round {start_round}, {budget:.0f} s of training this lease")
-    out = open(lease.work / "logs" / f"{name}.log", "w")
+    out = open(lease.work / "logs" / f"{name}.log", "a")
     process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
-    return {"method": method, "process": process, "log": out, "start_round": start_round, "command": args,
-            "started": time.time()}
+    return {"method": method, "mode": mode, "process": process, "log": out, "start_round": start_round,
+            "command": args, "started": time.time()}
 
 
-def wait_runs(runs: dict[str, dict], lease: Lease) -> None:
+def wait_runs(runs: dict[str, dict], lease: Lease, restart=None) -> None:
     """Wait for the runs; one still going at the deadline gets SIGTERM (it checkpoints the round in progress and
-    exits), and SIGKILL halfway through the collection time."""
+    exits), and SIGKILL halfway through the collection time. A run that fails before (an exit status not of
+    these signals) is handed to ``restart(name, run)``, which may return its replacement (another mode)."""
     hard = lease.deadline + lease.collect_s / 2
     termed = False
-    while any(r["process"].poll() is None for r in runs.values()):
+    stopped = (None, 0, -signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
+    while True:
         now = time.time()
+        for name, r in list(runs.items()):
+            code = r["process"].poll()
+            if code not in stopped and restart is not None and not termed and not r.get("handled"):
+                r["handled"] = True
+                r["log"].close()
+                again = restart(name, r)
+                if again:
+                    runs[name] = {**again, "failed": [*r.get("failed", []), {"mode": r["mode"], "exit": code}]}
+        if all(r["process"].poll() is not None for r in runs.values()):
+            break
         if now >= lease.deadline and not termed:
             termed = True
             for name, r in runs.items():
@@ -311,7 +330,8 @@ def run_result(name: str, r: dict, lease: Lease) -> dict:
     sys.path.insert(0, str(REPO))
     from fedrcl.analysis.runs import load_scalars
 
-    result = {"method": r["method"], "exit": r["process"].returncode, "rounds_at_start": r["start_round"],
+    result = {"method": r["method"], "mode": r["mode"], "failed": r.get("failed", []),
+              "exit": r["process"].returncode, "rounds_at_start": r["start_round"],
               "command": ["fedrcl", *r["command"]], "wall_seconds": round(time.time() - r["started"], 1)}
     versions = sorted((lease.work / "runs" / name).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
     if versions:
@@ -457,8 +477,19 @@ def lease_steps(lease: Lease) -> int:
     margin = env_float("LEASE_ROUND_MARGIN_S", 1.5 * len(methods) * probed if probed else 20.0)
     runs = {run_name(m, lease): start_run(m, decision["mode"], lease, before, margin) for m in methods}
     runs = {name: run for name, run in runs.items() if run}
+
+    def fall_back(name: str, run: dict) -> dict | None:
+        """A run that failed in a batched mode (its graph may differ from the probed FedRCL's) goes on
+        sequentially, from its own checkpoint of this lease if it wrote one."""
+        if run["mode"] == "sequential" or lease.deadline - time.time() < lease.startup_s + 60:
+            return None
+        own = lease.work / "runs" / name / f"version_{lease.index}" / "checkpoints" / "last.ckpt"
+        log(f"train: {name} failed in {run['mode']} (exit {run['process'].returncode}; its log says why): "
+            "going on sequentially")
+        return start_run(run["method"], "sequential", lease, before, margin, own if own.exists() else None)
+
     train_start = time.time()
-    wait_runs(runs, lease)
+    wait_runs(runs, lease, fall_back)
     results = {name: run_result(name, r, lease) for name, r in runs.items()}
     summary = {"format": FORMAT, "lease_started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(lease.started)),
                "lease_index": lease.index, "rehearsal": lease.rehearsal, **facts, "mode": decision["mode"],

@@ -196,3 +196,25 @@ def test_runs_past_the_deadline_get_sigterm_then_sigkill(tmp_path, monkeypatch):
     wait_runs(runs, lease)
     assert runs["polite"]["process"].returncode == -15
     assert runs["stubborn"]["process"].returncode == -9
+
+
+def test_a_run_that_fails_goes_on_in_another_mode(tmp_path, monkeypatch):
+    """A run that fails before the deadline is handed to the restart (the lease restarts it sequentially), once;
+    a run that ends well is not."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from gpu_lease_run import Lease, wait_runs
+
+    lease = Lease(work=tmp_path, started=time.time(), limit_s=60.0, collect_s=10.0)
+    runs = {name: {"process": subprocess.Popen(["bash", "-c", command]), "log": open(tmp_path / name, "w"),
+                   "mode": "batched+compiled"} for name, command in (("fails", "exit 3"), ("fine", "exit 0"))}
+    asked = []
+
+    def restart(name, run):
+        asked.append((name, run["process"].returncode))
+        return {"process": subprocess.Popen(["bash", "-c", "sleep 0.3"]), "log": open(tmp_path / "again", "w"),
+                "mode": "sequential"}
+
+    wait_runs(runs, lease, restart)
+    assert asked == [("fails", 3)]
+    assert runs["fails"]["mode"] == "sequential" and runs["fails"]["process"].returncode == 0
+    assert runs["fails"]["failed"] == [{"mode": "batched+compiled", "exit": 3}]
