@@ -237,3 +237,38 @@ def test_methods_whose_server_needs_more_than_weights_are_refused(data_root, tmp
     with pytest.raises(NotImplementedError, match="exchanges more than the weights"):
         run_federation(None, args)
     assert not (tmp_path / "quickstart").exists()  # nothing written
+
+
+def test_a_new_clientapp_process_finds_moons_state_through_the_node_context(data_root, tmp_path, server_task):
+    """A SuperNode starts a new ClientApp process per message: client 9's previous model (round 1) must be
+    found in round 2 through the node's ``Context.state`` alone, giving the same weights as one process."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+    from fedrcl.flower import client as flower_client
+    from fedrcl.flower.config import build
+
+    args = flower_args(data_root, tmp_path, "moon")
+    start = build(args).model.backbone.state_dict()
+    app = flower_client.make_client_app()
+
+    def train(context: Context, round_idx: int) -> dict:
+        content = RecordDict({"fedrcl.run": ConfigRecord({"args": args}),
+                              "fedrcl.round": ConfigRecord({"round_idx": round_idx, "client_id": 9}),
+                              "fedrcl.sent": ArrayRecord.from_torch_state_dict(start)})
+        message = Message(content, dst_node_id=1, message_type="train")
+        message.metadata.__dict__["_message_id"] = f"m{round_idx}"
+        reply = app(message, context)
+        return reply.content["fedrcl.weights"].to_torch_state_dict()
+
+    results = []
+    for new_process in (False, True):
+        context = Context(run_id=int(new_process), node_id=1, state=RecordDict(), run_config={},
+                          node_config={"partition-id": 9, "num-partitions": 10, "state-dir": str(tmp_path / f"state{new_process}")})
+        train(context, 0)
+        if new_process:
+            flower_client._PROCESS.clear()  # what a new process starts with
+        results.append(train(context, 1))
+        assert next(iter(flower_client._PROCESS.values())).module.has_previous
+    flower_client._PROCESS.clear()
+    for key in results[0]:
+        assert torch.equal(results[0][key], results[1][key]), key
