@@ -12,10 +12,25 @@ Keys are never abbreviated (``--trainer.round`` is an error, not ``--trainer.rou
 ``test`` log to ``<save_dir>/<name>/<subcommand>_k``, beside the fit run's ``version_k`` folders, so they
 never join its training curves (``fedrcl.analysis.load_scalars``, the notebooks, ``fedrcl report``).
 ``torch_threads`` sets torch's CPU thread count (``configs/quickstart.yaml``: 1).
+
+Errors: a bad value, file, checkpoint or config ends in ``fedrcl: error: <message>`` (the key or file, what
+was found, what is allowed), exit status 1, or 2 for a config the parser refuses (no usage dump);
+``FEDRCL_DEBUG=1`` shows the traceback. A fedrcl error is one fedrcl raises itself (``user_error``); any
+other keeps its traceback. A start that fails before it logged anything leaves no run folder behind.
+A run stopped by SIGTERM ends after its round with exit status 143 and one line saying how to resume
+(``fedrcl.federated.preemption``).
 """
 from __future__ import annotations
 
+import ast
+import inspect
+import os
+import re
+import shlex
+import shutil
 import sys
+import textwrap
+import traceback
 from importlib import import_module
 from pathlib import Path
 from typing import Any, Optional
@@ -24,13 +39,15 @@ import lightning
 import torch
 import yaml
 from jsonargparse import ActionConfigFile, ActionSubCommands, ArgumentParser, Namespace
+from jsonargparse._typehints import ActionTypeHint, get_all_subclass_paths
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from fedrcl.algorithms import FedAvg
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.datasets import DataUnavailableError, dataset_info
 from fedrcl.federated.checkpoint import check_readable
-from fedrcl.federated.trainer import FederatedTrainer
+from fedrcl.federated.preemption import Preempted
+from fedrcl.federated.trainer import OWNED_BY_ROUNDS, FederatedTrainer
 
 # Subcommands that are not Trainer methods: name -> (module whose ``main(argv)`` runs it, one-line help).
 OTHER_SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -52,12 +69,52 @@ def _image_size(dataset: str) -> int:
     return dataset_info(dataset).image_size
 
 
+def _left_to_subclasses(method: Any) -> bool:
+    """Whether ``method`` only raises ``NotImplementedError`` (after its docstring)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.FunctionDef) else []
+    body = [node for node in body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    return len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.dump(body[0])
+
+
+def selectable(class_path: str) -> bool:
+    """Whether ``--help`` lists ``class_path`` as a choice: a fedrcl client method, server optimizer or backbone
+    only if its package exports it (``__all__``) and it implements every method (not ``GlobalTeacherClient``,
+    ``FedOpt``, ``ServerOptimizer``)."""
+    parts = class_path.split(".")
+    if parts[0] != "fedrcl" or len(parts) < 3 or parts[1] not in ("algorithms", "server", "models"):
+        return True
+    package = import_module(".".join(parts[:2]))
+    cls = getattr(package, parts[-1], None)
+    if parts[-1] not in getattr(package, "__all__", ()) or not isinstance(cls, type):
+        return False
+    return not any(inspect.isfunction(getattr(cls, name, None)) and _left_to_subclasses(getattr(cls, name))
+                   for name in dir(cls) if not name.startswith("__"))
+
+
+def _known_subclasses(self: ActionTypeHint) -> str:
+    """jsonargparse's "known subclasses" in ``--help``, keeping the ``selectable`` ones."""
+    paths = get_all_subclass_paths(self._typehint, closed_types=False)
+    modules = "torch.nn.Module" in paths  # a backbone: fedrcl's, not every torch module imported so far
+    paths = [p for p in paths if selectable(p) and (p.startswith("fedrcl.models.") or not modules)]
+    return ", known subclasses: " + ", ".join(paths) if paths else ""
+
+
+ActionTypeHint.extra_help = _known_subclasses
+
+
 class ConfigFile(ActionConfigFile):
     """``--config``: a YAML syntax error names the file, line and column (jsonargparse names neither)."""
 
     def __call__(self, parser, cfg, values, option_string=None):
         path = Path(str(values))
         if path.is_file():
+            if not path.read_text(encoding="utf-8", errors="replace").strip():
+                raise TypeError(f"{path}: the configuration file is empty (give it at least one key, or leave "
+                                "out this --config)")
             try:
                 yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
             except yaml.MarkedYAMLError as e:
@@ -70,7 +127,25 @@ class ConfigFile(ActionConfigFile):
 
 
 class FedRCLParser(LightningArgumentParser):
-    """Lightning's parser whose subcommand list also shows ``OTHER_SUBCOMMANDS`` (run by ``main``)."""
+    """Lightning's parser whose subcommand list also shows ``OTHER_SUBCOMMANDS`` (run by ``main``), without the
+    Trainer arguments the round loop sets itself (``OWNED_BY_ROUNDS``), and whose errors are a few lines."""
+
+    def add_lightning_class_args(self, lightning_class: Any, nested_key: str, subclass_mode: bool = False,
+                                 required: bool = True) -> list[str]:
+        if isinstance(lightning_class, type) and issubclass(lightning_class, FederatedTrainer):
+            return self.add_class_arguments(lightning_class, nested_key, fail_untyped=False, instantiate=False,
+                                            sub_configs=True, skip=set(OWNED_BY_ROUNDS))
+        return super().add_lightning_class_args(lightning_class, nested_key, subclass_mode, required)
+
+    def error(self, message: str, ex: Optional[Exception] = None) -> None:
+        """``fedrcl fit: error: <message>`` and where the options are listed; exit status 2 (argparse's).
+        ``FEDRCL_DEBUG=1``: jsonargparse's own report."""
+        if os.environ.get("FEDRCL_DEBUG") == "1" or not self.exit_on_error:
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        print(f"{prog}: error: {parse_error_text(message)}\n(all options: {prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
 
     def add_subcommands(self, *args: Any, **kwargs: Any) -> ActionSubCommands:
         self.subcommands_action = super().add_subcommands(*args, **kwargs)
@@ -128,6 +203,13 @@ class FedRCLCLI(LightningCLI):
         if self.subcommand in EVALUATIONS:
             _log_apart(config.trainer, self.subcommand)
 
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        # Which run folders exist before this start writes anything (``remove_failed_start``).
+        folders = [Path(logger.log_dir) for logger in self.trainer.loggers if getattr(logger, "log_dir", None)]
+        self._run_folders = [(p, p.exists()) for p in folders]
+        self._run_parents = [(p.parent, p.parent.exists()) for p in folders]
+
 
 def _log_apart(trainer: Namespace, subcommand: str) -> None:
     """Point the run's file loggers at ``<save_dir>/<name>/<subcommand>_k`` (``runs/quickstart/validate_0``):
@@ -146,28 +228,104 @@ def _log_apart(trainer: Namespace, subcommand: str) -> None:
         args.version = f"{subcommand}_{max((int(k) + 1 for k in taken if k.isdigit()), default=0)}"
 
 
-def build_cli(args: list[str] | None = None) -> FedRCLCLI:
-    """Parse ``args`` (default: the command line), then run the subcommand; returns the CLI object."""
-    return FedRCLCLI(FedAvg, FederatedDataModule, trainer_class=FederatedTrainer, subclass_mode_model=True,
+def parse_error_text(message: str) -> str:
+    """jsonargparse's message, shortened to what was wrong: an unknown key says so, and a key the round loop
+    sets says which key to use instead; a class that cannot be imported is named with the reason."""
+    for key, instead in OWNED_BY_ROUNDS.items():
+        if f"trainer.{key}" in message and ("unrecognized" in message or "does not accept" in message):
+            return f"trainer.{key} is set by fedrcl's round loop: {instead}"
+    link = re.match(r"Call to compute_fn of link '\w+\(([\w.]+)\) --> [\w.]+' with args \((.*?)\) failed: (.*)",
+                    message.strip(), re.S)
+    if link:  # a linked value (data.dataset -> the model's class count) could not be derived
+        return f"{link.group(1)} {link.group(2)}: {link.group(3).strip()}"
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if lines and lines[0].startswith("Parser key") and any("class_path" in line for line in lines):
+        key = lines[0].removeprefix("Parser key").strip(' ":')
+        given = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")), "?")
+        cause = next((lines[i + 1] for i, line in enumerate(lines[:-1])
+                      if line.startswith("- Problem with given class_path")), "")
+        return f"--{key} {given}: not a class fedrcl can import ({cause})"
+    return "\n".join(lines[:6])
+
+
+def user_error(error: BaseException) -> bool:
+    """Whether ``error`` is one fedrcl raised about its input (a ``raise`` in fedrcl's own code: a bad value,
+    file, checkpoint or config, a diverged run), as opposed to a bug or a library's failure."""
+    if not isinstance(error, Exception):
+        return False
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return False
+    last = frames[-1]
+    package = Path(__file__).resolve().parent
+    return Path(last.filename).resolve().is_relative_to(package) and (last.line or "").lstrip().startswith("raise")
+
+
+def remove_failed_start(cli: Optional[FedRCLCLI]) -> None:
+    """After a failure before anything was logged: delete the run folder this start made (its
+    ``config.yaml``, ``split.json``, an empty event file) and a run-name folder it left empty; never a folder
+    that existed before, nor one holding a checkpoint."""
+    trainer = getattr(cli, "trainer", None)
+    if trainer is None or trainer.logged_metrics or not trainer.is_global_zero:
+        return
+    for folder, existed in getattr(cli, "_run_folders", []):
+        if not existed and folder.is_dir() and not any(folder.rglob("*.ckpt")):
+            shutil.rmtree(folder, ignore_errors=True)
+        if not existed and folder.parent.is_dir() and not any(folder.parent.iterdir()) \
+                and (folder.parent, False) in getattr(cli, "_run_parents", []):
+            folder.parent.rmdir()
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that resumes ``fedrcl <argv>``: the same arguments, ``--ckpt_path last``."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--ckpt_path":
+            skip = True
+        elif not arg.startswith("--ckpt_path="):
+            kept.append(arg)
+    return shlex.join(["fedrcl", *kept, "--ckpt_path", "last"])
+
+
+def build_cli(args: list[str] | None = None, cli: Optional[FedRCLCLI] = None) -> FedRCLCLI:
+    """Parse ``args`` (default: the command line), then run the subcommand; returns the CLI object (``cli``,
+    made by ``FedRCLCLI.__new__``, if given)."""
+    cli = cli if cli is not None else FedRCLCLI.__new__(FedRCLCLI)
+    cli.__init__(FedAvg, FederatedDataModule, trainer_class=FederatedTrainer, subclass_mode_model=True,
                      parser_class=FedRCLParser, seed_everything_default=0,
-                     parser_kwargs={"description": "FedRCL and its baselines: federated learning runs."},
+                     parser_kwargs={"prog": "fedrcl",
+                                    "description": "FedRCL and its baselines: federated learning runs."},
                      save_config_kwargs={"overwrite": True}, args=args)
+    return cli
 
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``fedrcl`` console script (exit status 0 on success).
 
     ``OTHER_SUBCOMMANDS`` (``fedrcl report ...``) go to their module's ``main``; the rest to LightningCLI.
-    Data that cannot be found or fetched ends in a short message and exit status 1, not a traceback.
+    An error of fedrcl's (``user_error``, or data that cannot be found or fetched) ends in its message and
+    exit status 1, without a traceback unless ``FEDRCL_DEBUG=1``; a run stopped by a signal
+    (``Preempted``) in one line saying how to resume it, with exit status 128 + the signal.
     """
     argv = list(sys.argv[1:] if args is None else args)
     if argv[:1] and argv[0] in OTHER_SUBCOMMANDS:
         import_module(OTHER_SUBCOMMANDS[argv[0]][0]).main(argv[1:])
         return
+    cli = FedRCLCLI.__new__(FedRCLCLI)  # held before it runs, so that a failed start can be cleaned up
     try:
-        build_cli(args)
-    except DataUnavailableError as e:
-        print(f"fedrcl: error: {e}", file=sys.stderr)
+        build_cli(args, cli)
+    except Preempted as stop:
+        if stop.rank == 0:
+            print(stop.message(resume_command(argv)), file=sys.stderr, flush=True)
+        raise SystemExit(stop.code) from None
+    except Exception as error:
+        remove_failed_start(cli)
+        if os.environ.get("FEDRCL_DEBUG") == "1" or not (isinstance(error, DataUnavailableError)
+                                                          or user_error(error)):
+            raise
+        print(f"fedrcl: error: {error}\n(FEDRCL_DEBUG=1 shows where it was raised)", file=sys.stderr)
         raise SystemExit(1) from None
 
 

@@ -93,6 +93,10 @@ class RunResult:
         return float(self.ema[np.searchsorted(self.rounds, round_idx, side="right") - 1]), True
 
 
+PAPER = 'Seo et al., "Relaxed Contrastive Learning for Federated Learning", CVPR 2024'
+"""How the report cites the paper: by title and venue, which a reader can find."""
+
+
 def load_paper_results(path: Optional[str | Path] = None) -> dict[str, Any]:
     """The paper's tables (``fedrcl/paper_results.json`` unless ``path`` is given)."""
     if path is not None:
@@ -374,7 +378,7 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
         for run in group:
             placed.setdefault(id(run), []).append(cell)
     out = [f"# fedrcl report{': ' + title if title else ''}", "",
-           f"Paper: {paper['source']}.",
+           f"Paper: {PAPER}. Its numbers below are in `fedrcl/paper_results.json` (one entry per table).",
            "Each method has the paper's row and ours beneath it: our `val/acc_ema` (EMA 0.9 of the test "
            "accuracy, in %) at the round, with ours minus the paper's in parentheses; over several seeds of "
            "one experiment, mean ± sample std (n=...). `*`: a run stopped earlier; its value is at its last "

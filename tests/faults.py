@@ -9,6 +9,9 @@ code writes the file: ours, Lightning's, or fsspec's.
 In a child process: ``FEDRCL_FAULT=kill:last.ckpt:2`` and ``python -c "import faults;
 faults.install_from_env(); ..."``.
 In-process: ``install(spec, monkeypatch)``.
+
+``SignalAt`` sends a signal to its own process in the middle of a chosen round, as a scheduler would
+(``--trainer.callbacks+=faults.SignalAt --trainer.callbacks.init_args.round 2``).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import errno
 import os
 import signal
 from typing import Any, Optional
+
+import lightning as L
 
 
 class _Fault:
@@ -87,3 +92,22 @@ def install_from_env() -> None:
     spec = os.environ.get("FEDRCL_FAULT")
     if spec:
         install(spec)
+
+
+class SignalAt(L.Callback):
+    """Send ``signal`` to this process before step ``step`` of round ``round`` (1-based), on rank ``rank``.
+
+    Args:
+        round: the round in which the signal arrives.
+        step: the round's batch index before which it is sent.
+        signal: its name (``SIGTERM``, ``SIGUSR1``).
+        rank: the process that receives it (the others learn of it from fedrcl).
+    """
+
+    def __init__(self, round: int = 2, step: int = 1, signal: str = "SIGTERM", rank: int = 0):
+        self.round, self.step, self.signal, self.rank = round, step, signal, rank
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if (trainer.current_epoch + 1, batch_idx, trainer.global_rank) == (self.round, self.step, self.rank):
+            os.kill(os.getpid(), getattr(signal, self.signal))

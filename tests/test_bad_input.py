@@ -55,8 +55,6 @@ def test_clients_per_round_above_num_clients(data_root, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--trainer.max_epochs", "3"], "trainer.max_epochs is set by fedrcl"),
-    (["--trainer.gradient_clip_val", "1.0"], "trainer.gradient_clip_val is set by fedrcl"),
     (["--trainer.participation", "0.5"], "exactly one of trainer.clients_per_round and trainer.participation"),
     (["--model.init_args.pos_topk", "null"], "pos_topk and model.neg_topk"),
     (["--model.init_args.levels", "[7]"], "model.levels entry 7"),
@@ -163,3 +161,98 @@ def test_abbreviated_keys_are_errors(data_root, tmp_path, capsys, args):
 def test_torch_threads_must_be_positive(data_root, tmp_path):
     with pytest.raises(ValueError, match="torch_threads must be >= 1 or null, got 0"):
         run_cli(data_root, tmp_path, "--torch_threads", "0")
+
+
+# -- the short form: what a user sees from ``fedrcl`` ------------------------------------------------------
+def fedrcl(data_root: Path, save_dir: Path, *extra: str, subcommand: str = "fit") -> tuple[int, str]:
+    """``fedrcl <subcommand>`` (``fedrcl.cli.main``) on the shrunk quickstart: exit status and stderr."""
+    import contextlib
+    import io
+
+    from conftest import REPO
+    from fedrcl.cli import main
+
+    args = [subcommand, "--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(data_root),
+            "--data.num_clients", "10", "--trainer.accelerator", "cpu", "--trainer.enable_model_summary", "false",
+            "--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.enable_progress_bar", "false"]
+    if subcommand == "fit":
+        args += ["--trainer.rounds", "1", "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as info:
+        main([*args, *extra])
+    return info.value.code, err.getvalue()
+
+
+def assert_short(err: str, message: str) -> None:
+    assert message in err, err
+    assert "Traceback" not in err and "usage:" not in err, err
+    assert len(err.strip().splitlines()) <= 6, err  # Lightning's own lines (seed, devices) and ours
+
+
+SHORT_CASES = [  # (arguments, the message, exit status): values, files, checkpoints, configs
+    (["--data.alpha", "0"], "fedrcl: error: data.alpha must be > 0, got 0.0", 1),
+    (["--data.batch_size", "500"], "data.batch_size=500 is larger than client", 1),
+    (["--trainer.clients_per_round", "20"], "trainer.clients_per_round=20 exceeds data.num_clients=10", 1),
+    (["--torch_threads", "0"], "torch_threads must be >= 1 or null, got 0", 1),
+    (["--ckpt_path", "last"], "--ckpt_path last: nothing to resume under", 1),
+    (["--ckpt_path", "nowhere.ckpt"], "--ckpt_path nowhere.ckpt: no such file", 1),
+    (["--trainer.max_epochs", "3"], "trainer.max_epochs is set by fedrcl's round loop: use trainer.rounds", 2),
+    (["--trainer.gradient_clip_val", "1"], "gradient_clip_val is set by fedrcl's round loop: use model.init_args.grad", 2),
+    (["--trainer.check_val_every_n_epoch", "2"], "use trainer.eval_every", 2),
+    (["--trainer.round", "5"], "unrecognized arguments: --trainer.round 5", 2),
+    (["--data.dataset", "mnist"], "data.dataset mnist: unknown dataset 'mnist'; allowed: cifar10", 2),
+    (["--model", "fedrcl.algorithms.Nope"], "--model fedrcl.algorithms.Nope: not a class fedrcl can import", 2),
+]
+
+
+@pytest.mark.parametrize("args, message, status", SHORT_CASES)
+def test_a_user_error_is_its_message_without_traceback_or_run_folder(data_root, tmp_path, args, message, status):
+    code, err = fedrcl(data_root, tmp_path / "runs", *args)
+    assert code == status
+    assert_short(err, message)
+    assert not list(tmp_path.rglob("version_*")) and not list(tmp_path.rglob("*.yaml"))  # nothing left behind
+
+
+@pytest.mark.parametrize("content, message", [("", "the configuration file is empty"),
+                                              ("data:\n  num_clinets: 10\n", "does not accept option 'data.num_clinets'"),
+                                              ("trainer:\n  rounds: [\n", "not valid YAML (line 3, column")])
+def test_a_bad_config_file_is_named_in_one_line(data_root, tmp_path, content, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(content)
+    code, err = fedrcl(data_root, tmp_path / "runs", "--config", str(bad))
+    assert code == 2
+    assert_short(err, message)
+    if "num_clinets" not in message:
+        assert str(bad) in err
+
+
+def test_fedrcl_debug_shows_the_traceback(data_root, tmp_path, monkeypatch):
+    from fedrcl.cli import main
+    from conftest import REPO
+
+    monkeypatch.setenv("FEDRCL_DEBUG", "1")
+    with pytest.raises(ValueError, match="data.alpha must be > 0"):
+        main(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(data_root),
+              "--data.alpha", "0", "--trainer.logger.init_args.save_dir", str(tmp_path)])
+
+
+def test_an_unexpected_error_keeps_its_traceback_and_removes_the_empty_run(data_root, tmp_path, monkeypatch):
+    """A bug (here a ZeroDivisionError inside the data module) is not dressed up as a user error."""
+    from fedrcl.cli import main
+    from conftest import REPO
+
+    monkeypatch.setattr(FederatedDataModule, "client_num_samples", lambda self, k: 1 // 0)
+    with pytest.raises(ZeroDivisionError):
+        main(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(data_root),
+              "--data.num_clients", "10", "--trainer.logger.init_args.save_dir", str(tmp_path),
+              "--trainer.enable_progress_bar", "false"])
+    assert not list(tmp_path.rglob("version_*"))
+
+
+def test_a_failed_start_leaves_an_earlier_run_untouched(data_root, tmp_path):
+    run_cli(data_root, tmp_path, rounds=1)
+    before = {p: p.is_file() and p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    code, err = fedrcl(data_root, tmp_path, "--data.batch_size", "500")
+    assert code == 1 and "data.batch_size=500" in err
+    # version_1 came and went; every file of version_0 is as it was
+    assert {p: p.is_file() and p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before

@@ -82,3 +82,98 @@ def test_ci_runs_the_quickstart_and_removes_its_venv():
     script = (REPO / ".ci" / "run").read_text()
     assert "fedrcl fit --config" in script and "configs/quickstart.yaml" in script
     assert "trap " in script and "rm -rf" in script
+
+
+# -- honest help ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fit_help() -> str:
+    import contextlib
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    return out.getvalue()
+
+
+def test_fit_help_offers_only_what_a_run_accepts(fit_help):
+    from fedrcl.federated.trainer import OWNED_BY_ROUNDS
+
+    for key in OWNED_BY_ROUNDS:  # refused at run time: not offered
+        assert f"--trainer.{key} " not in fit_help, key
+    for key in ("--trainer.rounds", "--trainer.eval_every", "--trainer.max_time", "--trainer.devices"):
+        assert key in fit_help, key
+    models = fit_help[fit_help.index("  --model CONFIG"):]
+    models = models[:models.index(")")]
+    assert "GlobalTeacherClient" not in models and "PersistentClientState" not in models
+    assert "fedrcl.algorithms.FedRCL" in models and "fedrcl.algorithms.MOON" in models
+    servers = fit_help[fit_help.index("  --trainer.server SERVER\n"):]
+    servers = servers[:servers.index("--trainer.eval_every")]
+    assert "fedrcl.server.FedAdam" in servers and "fedrcl.server.FedAvgM" in servers
+    for base in ("ServerOptimizer", "StatefulServer", "FedOpt,", "FedOpt)"):
+        assert f"fedrcl.server.{base}" not in servers, base
+
+
+def test_selectable_backbones_are_fedrcls():
+    from fedrcl.cli import selectable
+
+    assert selectable("fedrcl.models.ResNet18") and selectable("fedrcl.algorithms.FedAvg")
+    assert not selectable("fedrcl.algorithms.global_teacher.GlobalTeacherClient")
+    assert not selectable("fedrcl.server.FedOpt") and not selectable("fedrcl.server.ServerOptimizer")
+
+
+def test_subcommand_descriptions_are_whole_sentences(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    import re
+
+    raw = capsys.readouterr().out
+    for name in ("fit", "validate", "test"):
+        entry = re.search(rf"^    {name} +(.*?)(?=^    \w|\Z)", raw, re.M | re.S).group(1)
+        sentence = " ".join(entry.split())
+        assert sentence[0].isupper() and sentence.endswith("."), sentence  # whole sentences
+        assert "resum" not in sentence.lower() and "Lightning" not in sentence, sentence
+    out = " ".join(raw.split())
+    assert "Train the federation round by round" in out
+    assert "Evaluate a checkpoint's global model on the test set" in out
+
+
+def test_validate_last_says_evaluating_and_warns_of_no_folder(data_root, tmp_path):
+    import os
+    import subprocess
+
+    run_cli(data_root, tmp_path, rounds=1)
+    result = subprocess.run(
+        [sys.executable, "-m", "fedrcl.cli", "validate", "--config", str(REPO / "configs" / "quickstart.yaml"),
+         "--data.root", str(data_root), "--data.num_clients", "10", "--ckpt_path", "last",
+         "--trainer.logger.init_args.save_dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--ckpt_path last: evaluating " in result.stderr, result.stderr
+    assert "resuming" not in result.stderr and "dirpath has changed" not in result.stderr, result.stderr
+    assert not (tmp_path / "quickstart" / "validate_0" / "checkpoints").exists()
+
+
+# -- quiet logs ----------------------------------------------------------------------------------------------
+def test_no_advert_no_leafspec_no_log_every_n_steps_and_a_line_per_round_without_a_bar(data_root, tmp_path):
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-m", "fedrcl.cli", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
+         "--data.root", str(data_root), "--data.num_clients", "10", "--trainer.rounds", "2",
+         "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3", "--trainer.enable_progress_bar",
+         "false", "--trainer.enable_model_summary", "false", "--trainer.logger.init_args.save_dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    err = result.stderr
+    assert "litlogger" not in err and "Tip:" not in err, err
+    assert "LeafSpec" not in err and "log_every_n_steps" not in err, err
+    assert [line.split()[1] for line in err.splitlines() if line.startswith("Round ")] == ["1/2", "2/2"]
+
+
+def test_the_report_cites_what_a_reader_can_find():
+    from fedrcl.report import render_report
+
+    header = render_report([]).splitlines()[2]
+    assert '"Relaxed Contrastive Learning for Federated Learning", CVPR 2024' in header
+    assert "fedrcl/paper_results.json" in header and (REPO / "fedrcl" / "paper_results.json").is_file()
+    assert "reference/" not in header and ".tex" not in header

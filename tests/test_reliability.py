@@ -1,13 +1,16 @@
 """Nothing lost, nothing silent: kills, a full disk, divergence and configuration changes around checkpoints.
 
 The kill tests run ``fedrcl fit`` as a separate process that SIGKILLs itself half-way through writing a
-chosen checkpoint file (``tests/faults.py``); the resumed run must then equal a run that never stopped.
+chosen checkpoint file (``tests/faults.py``); the resumed run must then equal a run that never stopped: its
+weights bitwise, and every scalar of every round (``all_curves``) once, with the same value. The preemption
+tests send SIGTERM in the middle of a round (``faults.SignalAt``), with one process and with two.
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +42,24 @@ def fit_process(data_root: Path, save_dir: Path, *extra: str, rounds: int = 3, m
                           timeout=300)
 
 
+def all_curves(save_dir: Path) -> dict:
+    """Every scalar tag of the run under ``save_dir`` as ``fedrcl.analysis`` reads it (all versions merged),
+    ``time/*`` aside (wall-clock seconds differ between runs): ``{tag: [(round, value), ...]}``."""
+    from fedrcl.analysis import load_scalars
+
+    curves = load_scalars(save_dir / "quickstart")
+    return {tag: list(zip(rounds.tolist(), values.tolist())) for tag, (rounds, values) in curves.items()
+            if not tag.startswith("time/")}
+
+
+def assert_same_curves(resumed: dict, full: dict, rounds: int) -> None:
+    assert resumed.keys() == full.keys()
+    assert {"val/acc", "val/acc_ema", "train/loss", "train/lr", "comm/cumulative_bytes"} <= set(full), sorted(full)
+    for tag, points in full.items():
+        assert [r for r, _ in points] == list(range(1, rounds + 1)), tag  # every round, once
+        assert resumed[tag] == points, tag
+
+
 def checkpoints(run_dir: Path, version: int = 0) -> Path:
     return run_dir / "quickstart" / f"version_{version}" / "checkpoints"
 
@@ -66,6 +87,8 @@ def test_kill_while_last_ckpt_is_written_leaves_a_resumable_run(data_root, tmp_p
     assert Path(resumed.trainer.ckpt_path) == folder / "round0001.ckpt"  # round 2, the newest complete one
     full = run_cli(data_root, tmp_path / "full", rounds=3, model=FEDAVG)
     assert_same_state(full.model.state_dict(), resumed.model.state_dict())
+    # Round 2's training scalars were logged before its checkpoint: no hole where the kill fell.
+    assert_same_curves(all_curves(run_dir), all_curves(tmp_path / "full"), rounds=3)
 
 
 def test_moon_killed_while_checkpointing_resumes_exactly(data_root, tmp_path, run_dir):
@@ -79,9 +102,11 @@ def test_moon_killed_while_checkpointing_resumes_exactly(data_root, tmp_path, ru
     assert Path(resumed.trainer.ckpt_path).name in ("last.ckpt", "round0000.ckpt")  # round 1
     full = run_cli(data_root, tmp_path / "full", *extra, rounds=3, model=moon)
     assert_same_state(full.model.state_dict(), resumed.model.state_dict())
+    assert_same_curves(all_curves(run_dir), all_curves(tmp_path / "full"), rounds=3)
 
 
-def test_disk_full_while_checkpointing_keeps_the_last_complete_checkpoint(data_root, run_dir, monkeypatch):
+def test_disk_full_while_checkpointing_keeps_the_last_complete_checkpoint(data_root, tmp_path, run_dir,
+                                                                          monkeypatch):
     import faults
 
     with monkeypatch.context() as patch:
@@ -93,6 +118,8 @@ def test_disk_full_while_checkpointing_keeps_the_last_complete_checkpoint(data_r
     assert read_checkpoint(folder / "last.ckpt")["epoch"] == 0  # not truncated: the previous one
     resumed = run_cli(data_root, run_dir, *EVERY_ROUND, "--ckpt_path", "last", rounds=3, model=FEDAVG)
     assert Path(resumed.trainer.ckpt_path).name == "round0001.ckpt"
+    run_cli(data_root, tmp_path / "full", rounds=3, model=FEDAVG)
+    assert_same_curves(all_curves(run_dir), all_curves(tmp_path / "full"), rounds=3)
 
 
 def test_divergence_stops_the_run_and_last_finds_the_good_checkpoint(data_root, tmp_path):
@@ -102,9 +129,10 @@ def test_divergence_stops_the_run_and_last_finds_the_good_checkpoint(data_root, 
                            "--model.init_args.grad_clip_norm", "null", *EVERY_ROUND,
                            "--trainer.resume_allow_changes",
                            "[model.init_args.lr, model.init_args.grad_clip_norm]", rounds=4)
-    assert diverged.returncode != 0
-    message = diverged.stderr.strip().splitlines()[-1]
-    assert "DivergenceError: training diverged in round 3: client " in message, diverged.stderr[-2000:]
+    assert diverged.returncode == 1
+    message = diverged.stderr.strip().splitlines()
+    assert "fedrcl: error: training diverged in round 3: client " in message[-2], diverged.stderr[-2000:]
+    assert "Traceback" not in diverged.stderr
     assert not list(checkpoints(tmp_path, 1).glob("*.ckpt"))  # nothing of the diverged run was written
     resumed = run_cli(data_root, tmp_path, "--ckpt_path", "last", rounds=3, model=FEDAVG)
     assert Path(resumed.trainer.ckpt_path) == checkpoints(tmp_path) / "last.ckpt"
@@ -278,3 +306,99 @@ def test_store_deletes_a_file_only_when_no_checkpoint_refers_to_it(tmp_path):
     store.state_dict()
     assert not first.exists()  # no checkpoint refers to it any more
     assert (tmp_path / "state" / "client00000_round00001.safetensors").exists()  # round0001.ckpt's
+
+
+# -- preemption --------------------------------------------------------------------------------------------
+SIGTERM_IN_ROUND_2 = ("--trainer.callbacks+=faults.SignalAt", "--trainer.callbacks.init_args.round=2",
+                      "--trainer.callbacks.init_args.step=1")
+
+
+def test_sigterm_mid_round_stops_after_the_round_checkpointed_and_resumes_exactly(data_root, tmp_path, run_dir):
+    """SIGTERM during round 2 (checkpoints every 20 rounds): round 2 finishes and is checkpointed, the exit
+    status is 143 (128 + SIGTERM), one line says how to resume; the resume equals a run that never stopped."""
+    stopped = fit_process(data_root, run_dir, *SIGTERM_IN_ROUND_2, rounds=3)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    line = stopped.stderr.strip().splitlines()[-1]
+    last = checkpoints(run_dir) / "last.ckpt"
+    assert line.startswith(f"fedrcl: stopped by SIGTERM after round 2/3, checkpoint {last}; resume: fedrcl fit ")
+    assert line.endswith(" --ckpt_path last") and "Traceback" not in stopped.stderr
+    assert read_checkpoint(last)["epoch"] == 1  # round 2, whole
+    assert sorted(p.name for p in checkpoints(run_dir).iterdir()) == ["last.ckpt", "round0001.ckpt"]
+    resumed = run_cli(data_root, run_dir, "--ckpt_path", "last", rounds=3, model=FEDAVG)
+    assert resumed.trainer.current_epoch == 3
+    full = run_cli(data_root, tmp_path / "full", rounds=3, model=FEDAVG)
+    assert_same_state(full.model.state_dict(), resumed.model.state_dict())
+    assert_same_curves(all_curves(run_dir), all_curves(tmp_path / "full"), rounds=3)
+
+
+def test_sigterm_in_the_last_round_finishes_the_run(data_root, run_dir):
+    """Nothing is left to resume: the run ends as usual (status 0)."""
+    done = fit_process(data_root, run_dir, *SIGTERM_IN_ROUND_2, rounds=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_checkpoint(checkpoints(run_dir) / "last.ckpt")["epoch"] == 1
+
+
+TWO_PROCESSES = ("--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.clients_per_round", "5",
+                 "--data.eval_batch_size", "100")
+
+
+def fit_two_processes(data_root: Path, save_dir: Path, *extra: str) -> tuple[int, str]:
+    """``fedrcl fit`` over 2 CPU processes (Lightning starts the second); exit status and output. A hang is
+    killed after ``timeout`` seconds and fails the test."""
+    args = [sys.executable, "-m", "fedrcl.cli", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
+            "--model", FEDAVG, "--data.root", str(data_root), "--data.num_clients", "10",
+            "--trainer.accelerator", "cpu", "--trainer.logger.init_args.save_dir", str(save_dir),
+            "--trainer.enable_model_summary", "false", "--trainer.rounds", "3", "--trainer.local_epochs", "1",
+            *TWO_PROCESSES, *extra]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=420)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"two-process run did not finish in 420 s (hang?):\n{output[-3000:]}")
+    return proc.returncode, output
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_processes_stops_both_after_the_round(data_root, tmp_path):
+    """SIGTERM reaches rank 0 only, in mid-round; rank 1 learns of it (Lightning's launcher passes it on, and
+    the round-end decision is collective): both stop after round 2, no hang, status 143; the 2-process resume
+    equals a 1-process run that never stopped."""
+    save_dir = tmp_path / "two"
+    code, output = fit_two_processes(data_root, save_dir, *SIGTERM_IN_ROUND_2)
+    assert code == 143, output[-3000:]
+    assert "fedrcl: stopped by SIGTERM after round 2/3" in output and output.count("fedrcl: stopped by") == 1
+    code, output = fit_two_processes(data_root, save_dir, "--ckpt_path", "last")
+    assert code == 0, output[-3000:]
+    one = run_cli(data_root, tmp_path / "one", "--trainer.clients_per_round", "5", "--data.eval_batch_size",
+                  "100", rounds=3, model=FEDAVG)
+    resumed = read_checkpoint(sorted(save_dir.glob("quickstart/version_*"))[-1] / "checkpoints" / "last.ckpt")
+    assert_same_state(one.model.state_dict(), resumed["state_dict"])
+    curves, expected = all_curves(save_dir), all_curves(tmp_path / "one")
+    for tag in ("val/acc", "val/acc_ema", "train/lr", "comm/cumulative_bytes"):
+        assert curves[tag] == expected[tag], tag
+    assert [r for r, _ in curves["train/loss"]] == [1, 2, 3]
+
+
+def test_requeue_runs_scontrol_for_the_job(tmp_path, monkeypatch):
+    """Under SLURM, after the requeue signal's checkpoint: ``scontrol requeue <job>`` (an array task as
+    ``<array job>_<task>``), and what happened in words."""
+    from fedrcl.federated.preemption import requeue_slurm_job
+
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    assert requeue_slurm_job() == "SLURM job 4242 requeued"
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "17")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert requeue_slurm_job() == "SLURM job 17_3 requeued"
+    assert calls.read_text().splitlines() == ["requeue 4242", "requeue 17_3"]
+    scontrol.write_text("#!/bin/sh\necho 'Invalid job id' >&2\nexit 1\n")
+    assert requeue_slurm_job() == "scontrol requeue 17_3 failed (Invalid job id)"

@@ -9,6 +9,8 @@
   or truncated file as such and uses ``torch.load(weights_only=True)``.
 - ``RoundCheckpoint``: Lightning's ``ModelCheckpoint`` every ``checkpoint_every`` rounds and after the last
   round, with ``last.ckpt`` beside the round files. A user's own ``ModelCheckpoint`` adds files beside it.
+  The round's scalars are logged and flushed before its checkpoint is written (``log_round``), so a resume
+  never leaves a round without its points.
 - ``find_resumable``: what ``--ckpt_path last`` means here: the newest checkpoint (by training progress)
   among every ``*.ckpt`` in the run name's ``version_*/checkpoints`` folders that loads, holds finite
   weights, refers to client-state files that exist and matches the configuration; each file passed over
@@ -82,8 +84,14 @@ def read_checkpoint(path: Any, map_location: Any = "cpu", mmap: bool = False) ->
 
 
 def check_readable(path: Optional[str]) -> None:
-    """Raise ``UnreadableCheckpoint`` if ``path`` is a local checkpoint file that cannot be read."""
-    if path and _is_local(path) and os.path.isfile(path):
+    """Raise ``UnreadableCheckpoint`` if ``path`` is a local checkpoint file that cannot be read, and
+    ``FileNotFoundError`` if it names none (Lightning's words ``last``, ``best``, ``hpc``, ``registry`` aside)."""
+    if not path or not _is_local(path) or path in ("last", "best", "hpc", "registry"):
+        return
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--ckpt_path {path}: no such file (a checkpoint file, or last: the newest "
+                                "usable checkpoint of the run name)")
+    if os.path.isfile(path):
         read_checkpoint(path, mmap=True)
 
 
@@ -131,14 +139,43 @@ class RoundCheckpoint(ModelCheckpoint):
                          every_n_epochs=every_n_rounds, save_top_k=-1, save_last=True,
                          save_on_train_epoch_end=True)
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._evaluating = stage != "fit"
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """An evaluation writes no checkpoint: it needs none of the fit's checkpoint bookkeeping (and
+        Lightning would warn that its folder moved)."""
+        if not getattr(self, "_evaluating", False):
+            super().load_state_dict(state_dict)
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         done = trainer.current_epoch + 1
         if self._should_skip_saving_checkpoint(trainer):
             return
         if done % self._every_n_epochs == 0 or done == trainer.max_epochs or stopped_after_round(trainer):
+            log_round(trainer)
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
+
+
+def log_round(trainer: L.Trainer) -> None:
+    """Log the round's training scalars now and flush every logger, before its checkpoint is written.
+
+    Lightning logs them after the epoch-end callbacks, so a run that stops after the checkpoint (a kill while
+    ``last.ckpt`` is written, a full disk) would resume after a round whose ``train/*`` points were never
+    written, nor its ``comm/*`` bytes (logged with its seconds at the next round's start). Lightning's own
+    call afterwards finds nothing left to log."""
+    connector = trainer._logger_connector
+    connector.on_epoch_end()  # progress-bar and callback metrics, as Lightning would update them
+    connector.update_train_epoch_metrics()  # logs the round's epoch metrics and resets them
+    ledger = getattr(getattr(trainer, "federation", None), "ledger", None)
+    comm = ledger.comm_metrics() if ledger is not None else {}
+    for logger in trainer.loggers:
+        if comm:  # the round's bytes (its seconds follow at the next round's start, as without a checkpoint)
+            getattr(logger.log_metrics, "__wrapped__", logger.log_metrics)(comm, step=trainer.current_epoch + 1)
+        logger.save()  # TensorBoard: flush the event file
 
 
 def run_checkpoints(trainer: L.Trainer) -> tuple[str, list[Path]]:
@@ -180,8 +217,10 @@ def check_configuration(path: str, fingerprint: Mapping[str, Any], allow: tuple[
         raise ValueError(error)
 
 
-def find_resumable(trainer: L.Trainer, fingerprint: Mapping[str, Any], allow: tuple[str, ...] = ()) -> str:
-    """The checkpoint ``--ckpt_path last`` resumes from (see the module docstring).
+def find_resumable(trainer: L.Trainer, fingerprint: Mapping[str, Any], allow: tuple[str, ...] = (),
+                   purpose: str = "resuming from") -> str:
+    """The checkpoint ``--ckpt_path last`` resumes from (see the module docstring); ``purpose`` says what is
+    done with it (``evaluating`` for ``validate`` / ``test``).
 
     Raises:
         FileNotFoundError: no checkpoint can resume this run (the rule: fail, never start from scratch
@@ -207,8 +246,9 @@ def find_resumable(trainer: L.Trainer, fingerprint: Mapping[str, Any], allow: tu
     for line in skipped:
         rank_zero_warn(f"--ckpt_path last: skipped {line}")
     if chosen is None:
-        raise FileNotFoundError(
-            f"--ckpt_path last: nothing to resume under {where} ({len(paths)} checkpoint file(s), none "
-            "usable). To start a new run, leave out --ckpt_path.")
-    rank_zero_info(f"--ckpt_path last: resuming from {chosen}")
+        what, hint = ("nothing to resume", "To start a new run, leave out --ckpt_path.") \
+            if purpose == "resuming from" else ("nothing to evaluate", "Name a checkpoint file, or fit one first.")
+        raise FileNotFoundError(f"--ckpt_path last: {what} under {where} ({len(paths)} checkpoint file(s), "
+                                f"none usable). {hint}")
+    rank_zero_info(f"--ckpt_path last: {purpose} {chosen}")
     return chosen

@@ -112,13 +112,20 @@ class RoundLedger:
         seconds["logging"] = max(0.0, wall - sum(seconds[p] for p in PARTS if p != "logging"))
         out = {f"time/{part}_seconds": value for part, value in seconds.items()}
         out["time/round_wall_seconds"] = wall
+        out.update(self.comm_metrics())
+        round_idx, self._round = self._round, None
+        return round_idx, out
+
+    def comm_metrics(self) -> dict[str, float]:
+        """The ``comm/...`` part of ``metrics``, without ending the round: final once ``totals`` ran (the
+        round's checkpoint logs them first, so that a stop after it leaves no round without them)."""
+        out = {}
         for direction, sizes in self._bytes.items():
             out[f"comm/{direction}_bytes"] = float(sum(sizes.values()))
             out.update({f"comm/{direction}_bytes_{dtype}": float(n) for dtype, n in sizes.items()})
             out[f"comm/cumulative_{direction}_bytes"] = float(self.cumulative[direction])
         out["comm/cumulative_bytes"] = float(self.cumulative["down"] + self.cumulative["up"])
-        round_idx, self._round = self._round, None
-        return round_idx, out
+        return out
 
     def state_dict(self) -> dict[str, int]:
         return dict(self.cumulative)

@@ -69,7 +69,8 @@ class FederatedStrategy(DDPStrategy):
                              "at every step; federated clients are independent: set it to false")
         # Lightning (2.6 here; PR #20825) broadcasts rank 0's SIGTERM flag at every training step. Processes
         # here run different step counts, so that broadcast would pair with another process's round-end
-        # all-reduce and hang (and it is a host sync per step). SIGTERM still stops the process that gets it.
+        # all-reduce and hang (and it is a host sync per step). A stop signal is handled once per round instead
+        # (``fedrcl.federated.preemption``: every process stops after the same round, checkpointed).
         loop = trainer.fit_loop.epoch_loop
         if hasattr(loop, "_broadcast_sigterm_tensor"):
             loop._broadcast_sigterm_tensor = _no_per_step_collective

@@ -13,7 +13,8 @@ from fedrcl.federated.batched import ClientBatching
 from fedrcl.federated.deadline import round_timer
 from fedrcl.federated.federation import Federation
 from fedrcl.federated.fingerprint import run_fingerprint
-from fedrcl.federated.progress import round_progress
+from fedrcl.federated.preemption import Preemption, PreemptionSignals, preempted
+from fedrcl.federated.progress import quiet_lightning, round_progress
 from fedrcl.federated.round_axis import log_against_rounds
 from fedrcl.federated.strategy import check_federated_strategy, federated_ddp_names
 from fedrcl.server import ServerOptimizer
@@ -22,6 +23,12 @@ from fedrcl.server import ServerOptimizer
 _OWNED = {"max_epochs": None, "min_epochs": None, "max_steps": -1, "check_val_every_n_epoch": 1,
           "reload_dataloaders_every_n_epochs": 0, "num_sanity_val_steps": None,
           "gradient_clip_val": None}
+# ... and what to set instead (``fedrcl fit --help`` leaves them out; the parser's error names the key to use).
+OWNED_BY_ROUNDS = {"max_epochs": "use trainer.rounds", "min_epochs": "use trainer.rounds",
+                   "max_steps": "use trainer.rounds", "check_val_every_n_epoch": "use trainer.eval_every",
+                   "reload_dataloaders_every_n_epochs": "every round has its own batches",
+                   "num_sanity_val_steps": "fedrcl runs no sanity check",
+                   "gradient_clip_val": "use model.init_args.grad_clip_norm (per client step)"}
 
 
 
@@ -70,6 +77,7 @@ class FederatedTrainer(L.Trainer):
         compile_clients: bool = False,
         **kwargs: Any,
     ):
+        quiet_lightning()
         for key, default in _OWNED.items():
             if kwargs.pop(key, default) != default:
                 raise ValueError(f"trainer.{key} is set by fedrcl: use trainer.rounds, trainer.eval_every, "
@@ -82,12 +90,12 @@ class FederatedTrainer(L.Trainer):
                                      client_batching=ClientBatching(client_batching, compile_clients))
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks += round_timer(kwargs.pop("max_time", None), callbacks)  # checked after each round
+        callbacks.append(Preemption())  # SIGTERM: stop after the round in progress, checkpointed
         if kwargs.get("enable_checkpointing", True) is not False:  # a user's ModelCheckpoint adds files
             callbacks.append(RoundCheckpoint(checkpoint_every))
         kwargs["plugins"] = with_atomic_checkpoint_io(kwargs.get("plugins"))
-        if kwargs.get("enable_progress_bar", True) is not False and not any(
-                isinstance(c, ProgressBar) for c in callbacks):
-            callbacks.append(round_progress())
+        if not any(isinstance(c, ProgressBar) for c in callbacks):  # a line per round, also without a bar
+            callbacks += [c for c in [round_progress(kwargs.get("enable_progress_bar"), kwargs.get("logger"))] if c]
         if kwargs.get("logger") in (None, True):
             kwargs["logger"] = TensorBoardLogger(save_dir=kwargs.get("default_root_dir") or "runs", name="fedrcl")
         with federated_ddp_names():  # several processes: clients split over them, no gradient sync
@@ -96,6 +104,7 @@ class FederatedTrainer(L.Trainer):
                 reload_dataloaders_every_n_epochs=1, callbacks=[self.federation, *callbacks], **kwargs)
         check_federated_strategy(self.strategy)
         log_against_rounds(self)
+        self._signal_connector = PreemptionSignals(self)
 
     @property
     def rounds(self) -> int:
@@ -104,25 +113,35 @@ class FederatedTrainer(L.Trainer):
     def fit(self, model: L.LightningModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Optional[L.LightningDataModule] = None, ckpt_path: Optional[str] = None,
             weights_only: Optional[bool] = None) -> None:
-        """Lightning's ``fit``; ``ckpt_path="last"`` is ``fedrcl.federated.checkpoint.find_resumable``, and a
-        checkpoint of another configuration is refused before anything is loaded."""
+        """Train the federation round by round, evaluating and checkpointing the global model.
+
+        Lightning's ``fit``: ``ckpt_path="last"`` resumes from the newest usable checkpoint of the run name
+        (``fedrcl.federated.checkpoint.find_resumable``); a checkpoint of another configuration is refused
+        before anything is loaded. A stop signal ends the run after its round (``Preempted``)."""
         if ckpt_path is not None:
             fingerprint, allow = run_fingerprint(self, model, datamodule), self.federation.allow_changes
             ckpt_path = find_resumable(self, fingerprint, allow) if ckpt_path == "last" else ckpt_path
             check_configuration(ckpt_path, fingerprint, allow)
         super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
+        stop = preempted(self)
+        if stop is not None:  # exit status 128 + signal, after the round's checkpoint
+            raise stop
 
     def validate(self, model: Optional[L.LightningModule] = None, dataloaders: Any = None,
                  ckpt_path: Optional[str] = None, verbose: bool = True,
                  datamodule: Optional[L.LightningDataModule] = None, weights_only: Optional[bool] = None) -> Any:
-        """Lightning's ``validate``; ``ckpt_path="last"`` is the checkpoint ``fit --ckpt_path last`` resumes."""
+        """Evaluate a checkpoint's global model on the test set (``val/acc``, and the checkpoint's accuracy EMA).
+
+        Lightning's ``validate``; ``ckpt_path="last"``: the run name's newest usable checkpoint."""
         ckpt_path = self._evaluated_checkpoint(model, datamodule, ckpt_path)
         return super().validate(model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
     def test(self, model: Optional[L.LightningModule] = None, dataloaders: Any = None,
              ckpt_path: Optional[str] = None, verbose: bool = True,
              datamodule: Optional[L.LightningDataModule] = None, weights_only: Optional[bool] = None) -> Any:
-        """Lightning's ``test``; ``ckpt_path="last"`` as in ``validate``."""
+        """Evaluate a checkpoint's global model on the test set, logged as ``test/acc``.
+
+        Lightning's ``test``; ``ckpt_path="last"`` as in ``validate``."""
         ckpt_path = self._evaluated_checkpoint(model, datamodule, ckpt_path)
         return super().test(model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
@@ -135,4 +154,4 @@ class FederatedTrainer(L.Trainer):
         fingerprint = run_fingerprint(self, model, datamodule)
         shape = ("model", "model.backbone", "model.init_args.backbone", "data.dataset")
         training_only = tuple(k for k in fingerprint if not any(k == s or k.startswith(s + ".") for s in shape))
-        return find_resumable(self, fingerprint, training_only)
+        return find_resumable(self, fingerprint, training_only, purpose="evaluating")

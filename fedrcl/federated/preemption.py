@@ -1,0 +1,148 @@
+"""Preemption: SIGTERM (and SLURM's requeue signal) stop a run at the end of the round in progress.
+
+A scheduler that preempts a job (SLURM, Kubernetes, ``timeout``) sends SIGTERM and, some seconds later,
+SIGKILL. Lightning's own handler stops the loop after the current *step* and exits with status 0, so the
+round is left half-trained, nothing is checkpointed, and the scheduler takes the job for finished.
+
+Here the signal only records a request (``PreemptionSignals``, which takes the place of Lightning's signal
+connector; no collective in a signal handler). The round in progress finishes: its clients, aggregation,
+evaluation, logs. Then ``Preemption`` (a callback) decides with the other processes, in one all-reduce per
+round, and sets Lightning's ``trainer.should_stop``, so ``RoundCheckpoint`` saves the round
+(``fedrcl.federated.deadline.stopped_after_round``) and the fit ends as after its last round.
+``FederatedTrainer.fit`` then raises ``Preempted``: exit status 128 + the signal (143 for SIGTERM), and the
+``fedrcl`` command prints one line with the round and the command that resumes it (``--ckpt_path last``,
+which continues bitwise as if the run never stopped).
+
+Signals: SIGTERM always. Under SLURM, Lightning's ``SLURMEnvironment`` with ``auto_requeue`` (its default)
+adds its ``requeue_signal`` (SIGUSR1 unless set otherwise; ``#SBATCH --signal=USR1@300`` sends it 300 s
+before the time limit); after that signal's checkpoint, rank 0 requeues the job with ``scontrol requeue``,
+as Lightning does (Lightning itself would save a mid-round checkpoint, which a round cannot resume from).
+The processes of a multi-process run all stop after the same round: the process that gets the signal
+passes it on to the processes it started (Lightning's launcher), and the per-round decision takes any.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from typing import Any, Optional
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+from lightning.pytorch.trainer.states import TrainerFn
+
+
+class Preempted(SystemExit):
+    """The run stopped after a whole round because of a signal; the exit status is 128 + the signal.
+
+    Attributes:
+        signal_name: ``SIGTERM``, ``SIGUSR1``, ...
+        round: the last round trained (1-based); rounds: the run's total.
+        checkpoint: the file ``--ckpt_path last`` resumes from (``None``: checkpointing is off).
+        requeued: the ``scontrol requeue`` outcome under SLURM, else ``None``.
+        rank: the process's global rank (the ``fedrcl`` command prints the line on rank 0 only).
+    """
+
+    def __init__(self, signum: int, round: int, rounds: int, checkpoint: Optional[str],
+                 requeued: Optional[str] = None, rank: int = 0):
+        super().__init__(128 + signum)
+        self.signal_name = signal.Signals(signum).name
+        self.round, self.rounds, self.checkpoint, self.requeued, self.rank = round, rounds, checkpoint, requeued, rank
+
+    def message(self, resume_command: str = "--ckpt_path last") -> str:
+        """One line: what stopped the run, after which round, where its checkpoint is, how to resume."""
+        saved = f"checkpoint {self.checkpoint}" if self.checkpoint else \
+            "no checkpoint (trainer.enable_checkpointing is false)"
+        requeued = f"; {self.requeued}" if self.requeued else ""
+        return (f"fedrcl: stopped by {self.signal_name} after round {self.round}/{self.rounds}, {saved}"
+                f"{requeued}; resume: {resume_command}")
+
+    def __str__(self) -> str:
+        return self.message()
+
+
+def _stop_signals(trainer: L.Trainer) -> dict[int, bool]:
+    """The signals that stop a fit at the round's end -> whether the job is requeued after it."""
+    signals = {signal.SIGTERM: False}
+    environment = trainer._accelerator_connector.cluster_environment
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal:
+        signals[environment.requeue_signal] = True
+    return signals
+
+
+class PreemptionSignals(_SignalConnector):
+    """Lightning's signal connector for a ``FederatedTrainer``: during ``fit``, a stop signal is recorded
+    (``signum``) and passed on to the processes this one started; Lightning's ``received_sigterm`` stays
+    false, so its loops do not stop in mid-round. Outside ``fit`` (``validate``, ``test``) nothing is
+    installed: a signal ends the process as it would without fedrcl."""
+
+    def __init__(self, trainer: L.Trainer) -> None:
+        super().__init__(trainer)
+        self.signum: Optional[int] = None
+        self.requeue = False
+
+    def register_signal_handlers(self) -> None:
+        self.received_sigterm, self.signum, self.requeue = False, None, False
+        self._original_handlers = {}
+        if os.name == "nt" or self.trainer.state.fn != TrainerFn.FITTING:
+            return
+        self._original_handlers = self._get_current_signal_handlers()
+        self._requeue_after = _stop_signals(self.trainer)
+        for signum in self._requeue_after:
+            self._register_signal(signum, self._record)
+
+    def _record(self, signum: int, _: Any) -> None:
+        if self.signum is None:
+            self.signum, self.requeue = signum, self._requeue_after.get(signum, False)
+            launcher = self.trainer.strategy.launcher
+            if launcher is not None:  # the processes Lightning started (``ddp`` over popen) stop too
+                launcher.kill(signum)
+
+
+class Preemption(L.Callback):
+    """After each round's evaluation and logs: if any process got a stop signal, stop after this round."""
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        connector = trainer._signal_connector
+        asked = isinstance(connector, PreemptionSignals) and connector.signum is not None
+        if trainer.world_size > 1:  # every process stops after the same round
+            signum = connector.signum or 0
+            packed = torch.tensor([signum, int(connector.requeue)], device=trainer.strategy.root_device)
+            dist.all_reduce(packed, op=dist.ReduceOp.MAX)
+            if packed[0].item() and not asked:
+                connector.signum, connector.requeue = int(packed[0].item()), bool(packed[1].item())
+            asked = bool(packed[0].item())
+        if asked and trainer.current_epoch + 1 < trainer.max_epochs:
+            trainer.should_stop = True
+
+
+def preempted(trainer: L.Trainer) -> Optional[Preempted]:
+    """The ``Preempted`` a finished ``fit`` ends in, or ``None`` (no signal, or the run had trained all of its
+    rounds when it came). Requeues a SLURM job after the requeue signal (rank 0)."""
+    connector = trainer._signal_connector
+    if not isinstance(connector, PreemptionSignals) or connector.signum is None or not trainer.should_stop:
+        return None
+    done = trainer.current_epoch  # the loop counted the stopped round as completed
+    checkpoint = trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None
+    requeued = requeue_slurm_job() if connector.requeue and trainer.is_global_zero else None
+    return Preempted(connector.signum, done, trainer.max_epochs, checkpoint or None, requeued,
+                     trainer.global_rank)
+
+
+def requeue_slurm_job() -> str:
+    """``scontrol requeue`` this SLURM job (an array task as ``<array job>_<task>``); what happened, in words."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID", "")
+    if not re.fullmatch(r"[0-9_]+", job):
+        return f"not requeued (SLURM_JOB_ID {job!r} is not a job id)"
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"scontrol requeue {job} failed ({error})"
+    if result.returncode != 0:
+        return f"scontrol requeue {job} failed ({(result.stderr or result.stdout).strip()[:200]})"
+    return f"SLURM job {job} requeued"
