@@ -100,7 +100,8 @@ def test_flower_simulation_gives_fit_weights(runs, name):
     rounds, loss = flower_scalars["train/loss"]
     np.testing.assert_array_equal(rounds, fit_scalars["train/loss"][0])
     np.testing.assert_allclose(loss, fit_scalars["train/loss"][1], rtol=1e-5)  # summed in another order
-    assert (flower / "config.yaml").is_file() and (flower / "split.json").read_text() == (fit / "split.json").read_text()
+    assert (flower / "config.yaml").is_file()
+    assert (flower / "split.json").read_text() == (fit / "split.json").read_text()
 
 
 def test_moon_run_reuses_a_client():
@@ -217,7 +218,8 @@ def test_a_failing_or_silent_client_stops_the_round_naming_it(server_task):
 
     strategy, messages = _round()
     clients = sample_clients(6, 3, 0, 0)
-    failed = [_reply(m, torch.ones(5)) for m in messages[:2]] + [Message(Error(0, "out of memory"), reply_to=messages[2])]
+    failed = [_reply(m, torch.ones(5)) for m in messages[:2]]
+    failed.append(Message(Error(0, "out of memory"), reply_to=messages[2]))
     with pytest.raises(ClientFailure, match=f"client {clients[2]} .*out of memory"):
         strategy.aggregate_train(1, failed)
     with pytest.raises(ClientFailure, match=rf"no reply from clients \[{clients[1]}\]"):
@@ -233,7 +235,8 @@ def test_methods_whose_server_needs_more_than_weights_are_refused(data_root, tmp
     any training with an error naming what is missing, rather than run on Flower with a part left out."""
     from fedrcl.flower.server import run_federation
 
-    args = flower_args(data_root, tmp_path, "fedavg") + ["--config", str(REPO / "configs" / "methods" / f"{method}.yaml")]
+    overlay = str(REPO / "configs" / "methods" / f"{method}.yaml")
+    args = flower_args(data_root, tmp_path, "fedavg") + ["--config", overlay]
     with pytest.raises(NotImplementedError, match="exchanges more than the weights"):
         run_federation(None, args)
     assert not (tmp_path / "quickstart").exists()  # nothing written
@@ -262,8 +265,8 @@ def test_a_new_clientapp_process_finds_moons_state_through_the_node_context(data
 
     results = []
     for new_process in (False, True):
-        context = Context(run_id=int(new_process), node_id=1, state=RecordDict(), run_config={},
-                          node_config={"partition-id": 9, "num-partitions": 10, "state-dir": str(tmp_path / f"state{new_process}")})
+        node = {"partition-id": 9, "num-partitions": 10, "state-dir": str(tmp_path / f"state{new_process}")}
+        context = Context(run_id=int(new_process), node_id=1, state=RecordDict(), run_config={}, node_config=node)
         train(context, 0)
         if new_process:
             flower_client._PROCESS.clear()  # what a new process starts with

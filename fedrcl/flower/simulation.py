@@ -31,7 +31,8 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
     if num_supernodes is None:
         num_supernodes = build([*args, "--trainer.logger", "false"]).datamodule.num_clients
     resources = {"num_cpus": cpus_per_client or os.cpu_count() or 1, "num_gpus": 0.0}
-    run_simulation(make_server_app(args, more=[as_args(m) for m in more]), make_client_app(), num_supernodes=num_supernodes,
+    server_app = make_server_app(args, more=[as_args(m) for m in more])
+    run_simulation(server_app, make_client_app(), num_supernodes=num_supernodes,
                    backend_config={"client_resources": resources}, verbose_logging=verbose)
 
 
