@@ -6,7 +6,8 @@ In one process, with the lease's own ``fedrcl fit`` settings (``gpu_lease_run.fi
 
 1. one tiny round (1 local epoch of 2 steps) clients one after another: the reference;
 2. the same round batched (``trainer.client_batching on``): its update of the global weights must equal the
-   reference's within ``TOLERANCE`` (relative norm of the difference of the two updates);
+   reference's (relative norm of the difference of the two updates) within twice what bf16 changes in the
+   reference's update (the same round in float32), at least ``TOLERANCE_FLOOR``, at most ``TOLERANCE_CAP``;
 3. ``ROUNDS`` timed paper rounds of each mode that passed, at most ``--cap`` seconds each (the median after
    the first, which holds the compilation);
 4. the same for batched + compiled (``compile_clients``) last, since its compilation may take long: a probe cut
@@ -43,7 +44,10 @@ from fedrcl.data.datamodule import FederatedDataModule  # noqa: E402
 from fedrcl.federated import batched  # noqa: E402
 from fedrcl.federated.trainer import FederatedTrainer  # noqa: E402
 
-TOLERANCE = {"bf16-mixed": 0.1, "32-true": 1e-3}  # bf16: GroupNorm runs in bf16 in the batched forward
+# Equal means: the relative difference of the two updates is at most twice what bf16 itself changes in the
+# sequential update (against float32), kept within these bounds; a client on a wrong batch or weight slice
+# changes it by about 1.
+TOLERANCE_FLOOR, TOLERANCE_CAP = 0.1, 0.5
 ROUNDS = 3  # timed paper rounds per mode, the first one not counted
 ROOM_BUSY = 0.4
 QUIET = ["--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
@@ -79,18 +83,16 @@ class Busy(threading.Thread):
 
 
 class RoundClock(RoundTimer):
-    """``bench/gpu_round.py``'s round timer that also stops the fit after ``rounds`` rounds or ``cap`` seconds."""
+    """``bench/gpu_round.py``'s round timer that also stops the fit after ``rounds`` rounds, or once the rounds
+    after the first (which holds the compilation) have taken ``cap`` seconds; at least two rounds."""
 
     def __init__(self, rounds: int, cap: float):
         super().__init__("cuda" if torch.cuda.is_available() else "cpu")
         self.rounds, self.cap = rounds, cap
 
-    def on_train_start(self, trainer, pl_module):
-        self.begun = time.perf_counter()
-
     def on_train_epoch_end(self, trainer, pl_module):
         super().on_train_epoch_end(trainer, pl_module)
-        if len(self.seconds) >= self.rounds or time.perf_counter() - self.begun > self.cap:
+        if len(self.seconds) >= self.rounds or (len(self.seconds) >= 2 and sum(self.seconds[1:]) > self.cap):
             trainer.should_stop = True
 
 
@@ -104,11 +106,16 @@ def update(cli: FedRCLCLI, start: dict[str, torch.Tensor]) -> torch.Tensor:
                       for k, v in cli.model.backbone.state_dict().items()])
 
 
-def tiny_round(mode: str, lease: Lease, start: dict | None) -> tuple[FedRCLCLI, dict, torch.Tensor]:
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def tiny_round(mode: str, lease: Lease, start: dict | None, extra: tuple[str, ...] = ()
+               ) -> tuple[FedRCLCLI, dict, torch.Tensor]:
     if broken(mode) == "error":
         raise RuntimeError(f"forced by GPU_LEASE_BREAK ({mode}=error)")
     cli = build(mode, lease, ["--trainer.rounds", "1", "--trainer.local_epochs", "1",
-                              "--data.local_iters_per_epoch", "2"])
+                              "--data.local_iters_per_epoch", "2", *extra])
     first = {k: v.detach().clone() for k, v in cli.model.backbone.state_dict().items()}
     if start is not None and not all(torch.equal(first[k], v) for k, v in start.items()):
         raise AssertionError("the models of two modes start from different weights (seed)")
@@ -141,15 +148,19 @@ def time_rounds(mode: str, lease: Lease, tiny: FedRCLCLI, cap: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--result", type=Path, required=True)
-    parser.add_argument("--cap", type=float, default=30.0, help="seconds of timed rounds per mode at most")
+    parser.add_argument("--cap", type=float, default=30.0,
+                        help="seconds of timed rounds per mode, after the first round (compilation)")
     args = parser.parse_args()
     lease = Lease()
     torch.set_float32_matmul_precision("high")
     if not torch.cuda.is_available():  # the rehearsal: a compiler-free backend, as the CPU tests use
         batched.COMPILE_BACKEND = "aot_eager"
-    report: dict = {"modes": {name: {} for name in MODES}, "tolerance": TOLERANCE["bf16-mixed"]}
+    report: dict = {"modes": {name: {} for name in MODES}}
     write_json(args.result, report)
     reference, start, ref_update = tiny_round("sequential", lease, None)
+    float32_update = tiny_round("sequential", lease, start, ("--trainer.precision", "32-true"))[2]
+    report["bf16_against_float32"] = round(relative(ref_update, float32_update), 5)
+    report["tolerance"] = round(min(TOLERANCE_CAP, max(TOLERANCE_FLOOR, 2 * report["bf16_against_float32"])), 5)
     report["modes"]["sequential"]["relative_difference"] = 0.0
     tiny = {"sequential": reference}
     for mode in ("batched", "sequential", "batched+compiled"):
@@ -160,7 +171,7 @@ def main() -> None:
                 tiny[mode], _, mode_update = tiny_round(mode, lease, start)
                 if broken(mode) == "unequal":
                     mode_update = 2 * mode_update
-                rel = float((mode_update - ref_update).norm() / ref_update.norm())
+                rel = relative(mode_update, ref_update)
                 entry["relative_difference"] = round(rel, 5)
                 if not torch.isfinite(mode_update).all() or not rel <= report["tolerance"]:
                     entry["dropped"] = (f"differs from sequential: relative difference of the round's update "
