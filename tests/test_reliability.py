@@ -402,3 +402,20 @@ def test_requeue_runs_scontrol_for_the_job(tmp_path, monkeypatch):
     assert calls.read_text().splitlines() == ["requeue 4242", "requeue 17_3"]
     scontrol.write_text("#!/bin/sh\necho 'Invalid job id' >&2\nexit 1\n")
     assert requeue_slurm_job() == "scontrol requeue 17_3 failed (Invalid job id)"
+
+
+def test_slurms_requeue_signal_stops_a_run_when_auto_requeue_is_on():
+    """Lightning's ``SLURMEnvironment`` says which signal asks for a requeue (SIGUSR1 by default)."""
+    from types import SimpleNamespace
+
+    from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+
+    from fedrcl.federated.preemption import _stop_signals
+
+    def signals(environment):
+        return _stop_signals(SimpleNamespace(_accelerator_connector=SimpleNamespace(cluster_environment=environment)))
+
+    assert signals(LightningEnvironment()) == {signal.SIGTERM: False}
+    assert signals(SLURMEnvironment()) == {signal.SIGTERM: False, signal.SIGUSR1: True}
+    assert signals(SLURMEnvironment(requeue_signal=signal.SIGUSR2)) == {signal.SIGTERM: False, signal.SIGUSR2: True}
+    assert signals(SLURMEnvironment(auto_requeue=False)) == {signal.SIGTERM: False}
