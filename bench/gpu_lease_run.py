@@ -522,8 +522,9 @@ def folder_bytes(folder: Path) -> int:
 
 
 def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], limit: int) -> int:
-    """Fill ``.lease`` (wheels, mosaics, the resume files that fit) and ``.lease2``, ... (the other checkpoint
-    parts), each call's payload (tree + its folder) under ``limit`` bytes; print the calls to make."""
+    """Fill ``.lease`` (wheels, mosaics, the last summary and as much of the compile cache and checkpoints as
+    fits) and ``.lease2``, ... (the rest, re-cut to fill each), each call's payload (tree + its folder) under
+    ``limit`` bytes; print the calls to make."""
     base = Path(lease.carry) if Path(lease.carry).is_absolute() else REPO / lease.carry
     for old in lease.carried():
         shutil.rmtree(old)
@@ -534,16 +535,16 @@ def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], 
     shutil.copytree(data, main / "cifar10_jpeg", copy_function=shutil.copyfile)  # writable copies
     (main / "cifar10_jpeg").chmod(0o755)
     tree = travelling_tree_bytes()
-    resume: list[Path] = []
+    folders, room = [main], limit - tree - folder_bytes(main) - MiB  # a MiB kept for summary.json
     if sources:
         found = {p.name: p for source in sources for p in source.iterdir() if p.is_file()}
         if "summary.json" not in found:
             raise FileNotFoundError(f"no summary.json in {', '.join(map(str, sources))}")
         summary = json.loads(found["summary.json"].read_text())
-        resume.append(found["summary.json"])
+        carried = []  # (its entry in the summary, its returned parts), the compile cache first
         cache = summary.get("compile_cache")
         if cache and all(p in found for p in cache["parts"]):  # optional: without it the runs compile anew
-            resume += [found[p] for p in cache["parts"]]
+            carried.append((cache, [found[p] for p in cache["parts"]]))
         for name, run in summary.get("runs", {}).items():
             saved = run.get("checkpoint")
             if not saved:
@@ -553,19 +554,22 @@ def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], 
                 print(f"warning: {name}: parts {', '.join(missing)} were not brought back, so the next lease "
                       "cannot continue this run (it will say so and train the others)", file=sys.stderr)
                 continue
-            joined = hashlib.sha256(b"".join(found[p].read_bytes() for p in saved["parts"])).hexdigest()
-            if joined != saved["sha256"]:
-                raise ValueError(f"{name}: the returned parts do not join to the checkpoint's sha256")
-            resume += [found[p] for p in saved["parts"]]
-    folders, room = [main], limit - tree - folder_bytes(main)
-    for path in resume:
-        size = path.stat().st_size
-        if size > room:
-            folders.append(base.with_name(f"{base.name}{len(folders) + 1}"))
-            (folders[-1] / "resume").mkdir(parents=True)
-            room = limit - tree
-        shutil.copy2(path, folders[-1] / "resume" / path.name)
-        room -= size
+            carried.append((saved, [found[p] for p in saved["parts"]]))
+        for entry, parts in carried:  # re-cut into pieces that fill each call's payload
+            data = b"".join(p.read_bytes() for p in parts)
+            if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+                raise ValueError(f"{entry['file']}: the returned parts do not join to its sha256")
+            entry["parts"], offset = [], 0
+            while offset < len(data):
+                if room <= 0:
+                    folders.append(base.with_name(f"{base.name}{len(folders) + 1}"))
+                    (folders[-1] / "resume").mkdir(parents=True)
+                    room = limit - tree
+                piece = data[offset:offset + room]
+                entry["parts"].append(f"{entry['file']}.part{len(entry['parts']):02d}")
+                (folders[-1] / "resume" / entry["parts"][-1]).write_bytes(piece)
+                offset, room = offset + len(piece), room - len(piece)
+        write_json(main / "resume" / "summary.json", summary)  # with the parts as carried
     print(f"travelling tree (tracked + untracked, not ignored): {tree / MiB:.1f} MiB")
     for folder in folders:
         total = tree + folder_bytes(folder)
