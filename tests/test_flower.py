@@ -275,3 +275,14 @@ def test_a_new_clientapp_process_finds_moons_state_through_the_node_context(data
     flower_client._PROCESS.clear()
     for key in results[0]:
         assert torch.equal(results[0][key], results[1][key]), key
+
+
+@pytest.mark.slow
+def test_localhost_deployment_reports_a_failed_run(data_root, tmp_path):
+    """``flwr run --stream`` exits with 0 even when the ServerApp fails; ``LocalDeployment.run`` asks the
+    SuperLink for the run's status and raises (here: FedProc, refused before any training)."""
+    args = flower_args(data_root, tmp_path / "flower", "fedavg")
+    args += ["--config", str(REPO / "configs" / "methods" / "fedproc.yaml")]
+    with LocalDeployment(nodes=1, workdir=tmp_path / "deployment", env=FLOWER_ENV) as deployment:
+        with pytest.raises(RuntimeError, match="did not complete"):
+            deployment.run(args, timeout=300)

@@ -10,6 +10,7 @@ per-client state files).
 from __future__ import annotations
 
 import shlex
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Optional, Union
 
@@ -30,9 +31,11 @@ def as_args(args: Args) -> list[str]:
 def build(args: Args) -> FedRCLCLI:
     """Parse and instantiate ``fedrcl fit``'s objects from ``args``; ``cli.model``, ``cli.datamodule``,
     ``cli.trainer``, ``cli.config`` (the parsed config) and ``cli.parser`` (to dump it)."""
-    return FedRCLCLI(FedAvg, FederatedDataModule, trainer_class=FederatedTrainer, subclass_mode_model=True,
-                     parser_class=FedRCLParser, seed_everything_default=0, run=False,
-                     save_config_kwargs={"overwrite": True}, args=as_args(args))
+    with warnings.catch_warnings():  # sys.argv is Flower's or Ray's here, not fedrcl's: only ``args`` is read
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        return FedRCLCLI(FedAvg, FederatedDataModule, trainer_class=FederatedTrainer, subclass_mode_model=True,
+                         parser_class=FedRCLParser, seed_everything_default=0, run=False,
+                         save_config_kwargs={"overwrite": True}, args=as_args(args))
 
 
 def client_args(state_dir: str) -> list[str]:

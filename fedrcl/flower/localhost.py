@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -98,8 +99,14 @@ class LocalDeployment:
             raise TimeoutError(f"flwr run did not finish in {timeout} s; {self.logs()}") from None
         finally:
             _end(proc)
-        if proc.returncode != 0:
+        started = re.search(r"Successfully started run (\d+)", out)
+        if proc.returncode != 0 or started is None:
             raise RuntimeError(f"flwr run failed ({proc.returncode}):\n{out[-4000:]}\n{self.logs()}")
+        # `flwr run --stream` exits with 0 whether the run completed or failed: ask the SuperLink.
+        status = subprocess.run(["flwr", "ls", "localhost", "--run-id", started.group(1)], cwd=self.workdir,
+                                env=self.env, capture_output=True, text=True, timeout=120).stdout
+        if "finished:completed" not in status:
+            raise RuntimeError(f"run {started.group(1)} did not complete:\n{status}\n{out[-4000:]}\n{self.logs()}")
         return out
 
     def logs(self, chars: int = 3000) -> str:
