@@ -134,6 +134,7 @@ def test_offline_download_says_what_to_do_in_a_few_lines(tmp_path, monkeypatch, 
     assert info.value.code == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+    assert not list((tmp_path / "runs").rglob("version_*"))  # the failed start left no run folder
     for needed in ("https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "Temporary failure",
                    "put cifar-100-python.tar.gz", f"in '{root}'", "--data.download false"):
         assert needed in err, needed
@@ -197,7 +198,7 @@ SHORT_CASES = [  # (arguments, the message, exit status): values, files, checkpo
     (["--ckpt_path", "last"], "--ckpt_path last: nothing to resume under", 1),
     (["--ckpt_path", "nowhere.ckpt"], "--ckpt_path nowhere.ckpt: no such file", 1),
     (["--trainer.max_epochs", "3"], "trainer.max_epochs is set by fedrcl's round loop: use trainer.rounds", 2),
-    (["--trainer.gradient_clip_val", "1"], "gradient_clip_val is set by fedrcl's round loop: use model.init_args.grad", 2),
+    (["--trainer.gradient_clip_val", "1"], "gradient_clip_val is set by fedrcl's round loop: use model.init_args", 2),
     (["--trainer.check_val_every_n_epoch", "2"], "use trainer.eval_every", 2),
     (["--trainer.round", "5"], "unrecognized arguments: --trainer.round 5", 2),
     (["--data.dataset", "mnist"], "data.dataset mnist: unknown dataset 'mnist'; allowed: cifar10", 2),
@@ -213,9 +214,11 @@ def test_a_user_error_is_its_message_without_traceback_or_run_folder(data_root, 
     assert not list(tmp_path.rglob("version_*")) and not list(tmp_path.rglob("*.yaml"))  # nothing left behind
 
 
-@pytest.mark.parametrize("content, message", [("", "the configuration file is empty"),
-                                              ("data:\n  num_clinets: 10\n", "does not accept option 'data.num_clinets'"),
-                                              ("trainer:\n  rounds: [\n", "not valid YAML (line 3, column")])
+@pytest.mark.parametrize("content, message", [
+    ("", "the configuration file is empty"),
+    ("data:\n  num_clinets: 10\n", "does not accept option 'data.num_clinets'"),
+    ("trainer:\n  rounds: [\n", "not valid YAML (line 3, column"),
+])
 def test_a_bad_config_file_is_named_in_one_line(data_root, tmp_path, content, message):
     bad = tmp_path / "bad.yaml"
     bad.write_text(content)

@@ -413,9 +413,11 @@ def test_slurms_requeue_signal_stops_a_run_when_auto_requeue_is_on():
     from fedrcl.federated.preemption import _stop_signals
 
     def signals(environment):
-        return _stop_signals(SimpleNamespace(_accelerator_connector=SimpleNamespace(cluster_environment=environment)))
+        connector = SimpleNamespace(cluster_environment=environment)
+        return _stop_signals(SimpleNamespace(_accelerator_connector=connector))
 
     assert signals(LightningEnvironment()) == {signal.SIGTERM: False}
     assert signals(SLURMEnvironment()) == {signal.SIGTERM: False, signal.SIGUSR1: True}
-    assert signals(SLURMEnvironment(requeue_signal=signal.SIGUSR2)) == {signal.SIGTERM: False, signal.SIGUSR2: True}
+    usr2 = SLURMEnvironment(requeue_signal=signal.SIGUSR2)
+    assert signals(usr2) == {signal.SIGTERM: False, signal.SIGUSR2: True}
     assert signals(SLURMEnvironment(auto_requeue=False)) == {signal.SIGTERM: False}

@@ -35,6 +35,8 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.trainer.states import TrainerFn
 
+from fedrcl.federated.checkpoint import RoundCheckpoint
+
 
 class Preempted(SystemExit):
     """The run stopped after a whole round because of a signal; the exit status is 128 + the signal.
@@ -51,15 +53,16 @@ class Preempted(SystemExit):
                  requeued: Optional[str] = None, rank: int = 0):
         super().__init__(128 + signum)
         self.signal_name = signal.Signals(signum).name
-        self.round, self.rounds, self.checkpoint, self.requeued, self.rank = round, rounds, checkpoint, requeued, rank
+        self.round, self.rounds, self.checkpoint = round, rounds, checkpoint
+        self.requeued, self.rank = requeued, rank
 
     def message(self, resume_command: str = "--ckpt_path last") -> str:
         """One line: what stopped the run, after which round, where its checkpoint is, how to resume."""
-        saved = f"checkpoint {self.checkpoint}" if self.checkpoint else \
-            "no checkpoint (trainer.enable_checkpointing is false)"
+        stopped = f"fedrcl: stopped by {self.signal_name} after round {self.round}/{self.rounds}"
+        if not self.checkpoint:
+            return f"{stopped}, no checkpoint (trainer.enable_checkpointing is false): nothing to resume"
         requeued = f"; {self.requeued}" if self.requeued else ""
-        return (f"fedrcl: stopped by {self.signal_name} after round {self.round}/{self.rounds}, {saved}"
-                f"{requeued}; resume: {resume_command}")
+        return f"{stopped}, checkpoint {self.checkpoint}{requeued}; resume: {resume_command}"
 
     def __str__(self) -> str:
         return self.message()
@@ -127,7 +130,8 @@ def preempted(trainer: L.Trainer) -> Optional[Preempted]:
     if not isinstance(connector, PreemptionSignals) or connector.signum is None or not trainer.should_stop:
         return None
     done = trainer.current_epoch  # the loop counted the stopped round as completed
-    checkpoint = trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None
+    rounds = [c for c in trainer.checkpoint_callbacks if isinstance(c, RoundCheckpoint)]
+    checkpoint = rounds[0].last_model_path if rounds else None
     requeued = requeue_slurm_job() if connector.requeue and trainer.is_global_zero else None
     return Preempted(connector.signum, done, trainer.max_epochs, checkpoint or None, requeued,
                      trainer.global_rank)

@@ -80,8 +80,7 @@ class FederatedTrainer(L.Trainer):
         quiet_lightning()
         for key, default in _OWNED.items():
             if kwargs.pop(key, default) != default:
-                raise ValueError(f"trainer.{key} is set by fedrcl: use trainer.rounds, trainer.eval_every, "
-                                 "model.grad_clip_norm")
+                raise ValueError(f"trainer.{key} is set by fedrcl's round loop: {OWNED_BY_ROUNDS[key]}")
         for key, value in (("rounds", rounds), ("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
             if value < 1:
                 raise ValueError(f"trainer.{key} must be >= 1, got {value}")
@@ -95,7 +94,8 @@ class FederatedTrainer(L.Trainer):
             callbacks.append(RoundCheckpoint(checkpoint_every))
         kwargs["plugins"] = with_atomic_checkpoint_io(kwargs.get("plugins"))
         if not any(isinstance(c, ProgressBar) for c in callbacks):  # a line per round, also without a bar
-            callbacks += [c for c in [round_progress(kwargs.get("enable_progress_bar"), kwargs.get("logger"))] if c]
+            progress = round_progress(kwargs.get("enable_progress_bar"), kwargs.get("logger"))
+            callbacks += [progress] if progress is not None else []
         if kwargs.get("logger") in (None, True):
             kwargs["logger"] = TensorBoardLogger(save_dir=kwargs.get("default_root_dir") or "runs", name="fedrcl")
         with federated_ddp_names():  # several processes: clients split over them, no gradient sync
