@@ -259,3 +259,10 @@ def test_a_failed_start_leaves_an_earlier_run_untouched(data_root, tmp_path):
     assert code == 1 and "data.batch_size=500" in err
     # version_1 came and went; every file of version_0 is as it was
     assert {p: p.is_file() and p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+def test_validate_with_nothing_to_evaluate_is_one_message_and_no_folder(data_root, tmp_path):
+    code, err = fedrcl(data_root, tmp_path / "runs", "--ckpt_path", "last", subcommand="validate")
+    assert code == 1
+    assert_short(err, "fedrcl: error: --ckpt_path last: nothing to evaluate under ")
+    assert not list(tmp_path.rglob("validate_*"))
