@@ -2,10 +2,9 @@
 
 A node serves the clients ``partition-id, partition-id + num-partitions, ...`` of the split (its
 ``node_config``; in Flower's simulation every node has them, on a SuperNode pass ``--node-config
-"partition-id=0 num-partitions=2"``). Messages:
-
-Every message carries ``fedrcl.run``: the server's fedrcl arguments (a node needs no config of its own;
-``node_config`` ``data-root`` points it at its local data).
+"partition-id=0 num-partitions=2"``). Every message carries ``fedrcl.run``, the server's fedrcl
+arguments, so a node needs no config of its own (``data-root`` in its ``node_config`` points it at its local
+data). Messages:
 
 - ``query``: reply which clients this node serves (the server maps each client to its node once).
 - ``train``: content ``fedrcl.round`` (``round_idx``, ``client_id``) and ``fedrcl.sent`` (the broadcast
