@@ -286,3 +286,15 @@ def test_localhost_deployment_reports_a_failed_run(data_root, tmp_path):
     with LocalDeployment(nodes=1, workdir=tmp_path / "deployment", env=FLOWER_ENV) as deployment:
         with pytest.raises(RuntimeError, match="did not complete"):
             deployment.run(args, timeout=300)
+
+
+def test_fedrcl_report_reads_a_flower_run_as_the_fit_run(runs, tmp_path):
+    """``fedrcl report`` puts a Flower run in the same cells with the same numbers as the fit run."""
+    from fedrcl.report import main as report
+
+    tables = []
+    for run, name in zip(runs["fedrcl_fedacg"], ("fit", "flower")):
+        report([str(run.parents[1]), "--out", str(tmp_path / f"{name}.md")])
+        tables.append((tmp_path / f"{name}.md").read_text().replace(str(run.parents[1]), "RUNS"))
+    assert tables[0] == tables[1]
+    assert "FedACG" in tables[1]
