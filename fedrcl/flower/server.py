@@ -136,12 +136,15 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
 
 def make_server_app(args: Optional[Args] = None, timeout: float = 3600.0, more: Sequence[Args] = ()) -> ServerApp:
     """The ServerApp for fedrcl's arguments ``args`` (``None``: the run config's ``fedrcl-args``); ``more``:
-    further runs, one after another on the same nodes (e.g. seeds, or methods compared)."""
+    further runs, one after another on the same nodes (e.g. seeds, or methods compared). ``timeout``: seconds
+    a round waits for its clients (the run config's ``round-timeout`` overrides it); a client that has not
+    replied by then stops the run, named."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        wait = float(context.run_config.get("round-timeout", timeout))
         for run in (run_args(context.run_config, args), *more):
-            run_federation(grid, run, timeout=timeout)
+            run_federation(grid, run, timeout=wait)
 
     return app

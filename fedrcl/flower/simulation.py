@@ -18,10 +18,10 @@ from fedrcl.flower.config import Args, as_args, build
 
 
 def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: Optional[float] = None,
-             verbose: bool = False, more: Sequence[Args] = ()) -> None:
+             verbose: bool = False, more: Sequence[Args] = (), round_timeout: float = 3600.0) -> None:
     """Run fedrcl's arguments ``args`` through Flower's simulation (see the module docstring); ``more``:
     further runs with the same number of clients, one after another in the same simulation (Ray and its
-    actors start once)."""
+    actors start once); ``round_timeout``: seconds a round waits for its clients."""
     from flwr.simulation import run_simulation
 
     from fedrcl.flower.client import make_client_app
@@ -31,7 +31,7 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
     if num_supernodes is None:
         num_supernodes = build([*args, "--trainer.logger", "false"]).datamodule.num_clients
     resources = {"num_cpus": cpus_per_client or os.cpu_count() or 1, "num_gpus": 0.0}
-    server_app = make_server_app(args, more=[as_args(m) for m in more])
+    server_app = make_server_app(args, timeout=round_timeout, more=[as_args(m) for m in more])
     run_simulation(server_app, make_client_app(), num_supernodes=num_supernodes,
                    backend_config={"client_resources": resources}, verbose_logging=verbose)
 
@@ -41,6 +41,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                                      epilog="Every other argument is fedrcl fit's (--config, --trainer.*, ...).")
     parser.add_argument("--num-supernodes", type=int, default=None, help="virtual nodes (default: one per client)")
     parser.add_argument("--cpus-per-client", type=float, default=None, help="CPUs of each Ray actor (default: all)")
+    parser.add_argument("--round-timeout", type=float, default=3600.0,
+                        help="seconds a round waits for its clients; a client still silent stops the run, named")
     parser.add_argument("--verbose", action="store_true", help="Flower's DEBUG log")
     known, rest = parser.parse_known_args(argv)
-    simulate(rest, known.num_supernodes, known.cpus_per_client, known.verbose)
+    simulate(rest, known.num_supernodes, known.cpus_per_client, known.verbose, round_timeout=known.round_timeout)
