@@ -266,3 +266,12 @@ def test_validate_with_nothing_to_evaluate_is_one_message_and_no_folder(data_roo
     assert code == 1
     assert_short(err, "fedrcl: error: --ckpt_path last: nothing to evaluate under ")
     assert not list(tmp_path.rglob("validate_*"))
+
+
+def test_resuming_with_fewer_rounds_than_the_checkpoint_names_the_key(data_root, tmp_path):
+    run_cli(data_root, tmp_path, rounds=2)
+    code, err = fedrcl(data_root, tmp_path, "--ckpt_path", "last")  # trainer.rounds 1
+    assert code == 1
+    assert_short(err, "trainer.rounds=1, but checkpoint ")
+    assert "has already trained 2 rounds: set trainer.rounds to 2 or more" in err
+    assert sorted(p.name for p in (tmp_path / "quickstart").iterdir()) == ["version_0"]

@@ -425,3 +425,14 @@ def test_slurms_requeue_signal_stops_a_run_when_auto_requeue_is_on():
     usr2 = SLURMEnvironment(requeue_signal=signal.SIGUSR2)
     assert signals(usr2) == {signal.SIGTERM: False, signal.SIGUSR2: True}
     assert signals(SLURMEnvironment(auto_requeue=False)) == {signal.SIGTERM: False}
+
+
+def test_a_resume_does_not_warn_that_its_checkpoint_folder_moved(data_root, tmp_path):
+    """A resumed run writes a new version folder by design: Lightning's warning about it is not shown."""
+    import warnings
+
+    run_cli(data_root, tmp_path, rounds=1, model=FEDAVG)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_cli(data_root, tmp_path, "--ckpt_path", "last", rounds=2, model=FEDAVG)
+    assert not [w for w in caught if "dirpath has changed" in str(w.message)]

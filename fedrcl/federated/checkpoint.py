@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -144,9 +145,12 @@ class RoundCheckpoint(ModelCheckpoint):
         self._evaluating = stage != "fit"
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """An evaluation writes no checkpoint: it needs none of the fit's checkpoint bookkeeping (and
-        Lightning would warn that its folder moved)."""
-        if not getattr(self, "_evaluating", False):
+        """An evaluation writes no checkpoint: it needs none of the fit's checkpoint bookkeeping. A resumed fit
+        writes into a new version folder by design, so Lightning's warning that the folder changed is noise."""
+        if getattr(self, "_evaluating", False):
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The dirpath has changed")
             super().load_state_dict(state_dict)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -215,6 +219,18 @@ def check_configuration(path: str, fingerprint: Mapping[str, Any], allow: tuple[
     error = refused_changes(saved, fingerprint, allow)
     if error:
         raise ValueError(error)
+
+
+def check_rounds(path: str, rounds: int) -> None:
+    """Raise ``ValueError`` if checkpoint ``path`` holds more rounds than ``trainer.rounds`` (Lightning would
+    refuse it later, in its own words and with a traceback)."""
+    if not _is_local(path) or not os.path.isfile(path):
+        return
+    done = read_checkpoint(path, mmap=True).get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
+    done = done.get("current", {}).get("processed", 0)
+    if done > rounds:
+        raise ValueError(f"trainer.rounds={rounds}, but checkpoint {path} has already trained {done} rounds: "
+                         f"set trainer.rounds to {done} or more")
 
 
 def find_resumable(trainer: L.Trainer, fingerprint: Mapping[str, Any], allow: tuple[str, ...] = (),

@@ -7,7 +7,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from fedrcl.federated.checkpoint import (RoundCheckpoint, check_configuration, find_resumable,
+from fedrcl.federated.checkpoint import (RoundCheckpoint, check_configuration, check_rounds, find_resumable,
                                          with_atomic_checkpoint_io)
 from fedrcl.federated.batched import ClientBatching
 from fedrcl.federated.deadline import round_timer
@@ -122,6 +122,7 @@ class FederatedTrainer(L.Trainer):
             fingerprint, allow = run_fingerprint(self, model, datamodule), self.federation.allow_changes
             ckpt_path = find_resumable(self, fingerprint, allow) if ckpt_path == "last" else ckpt_path
             check_configuration(ckpt_path, fingerprint, allow)
+            check_rounds(ckpt_path, self.rounds)
         super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
         stop = preempted(self)
         if stop is not None:  # exit status 128 + signal, after the round's checkpoint
