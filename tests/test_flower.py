@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,7 +154,8 @@ def test_fit_resumes_a_flower_run(runs, data_root, tmp_path, name):
     round 4 with the weights of a run that never stopped; ``fedrcl validate`` reads its checkpoint. (MOON's
     client states stay on the Flower nodes, so a resumed MOON run would start without them.)"""
     model, overlays = METHODS[name]
-    flower_save = runs[name][1].parents[1]
+    flower_save = tmp_path / "flower"  # a copy: resuming writes a version_1 beside the run
+    shutil.copytree(runs[name][1].parents[1], flower_save)
     evaluated = run_cli(data_root, flower_save, *overlays, "--ckpt_path", "last", subcommand="validate", model=model)
     assert evaluated.trainer.callback_metrics["val/acc"].item() == load_scalars(runs[name][1])["val/acc"][1][-1]
     resumed = run_cli(data_root, flower_save, *overlays, "--ckpt_path", "last", rounds=4, model=model)
