@@ -1,6 +1,7 @@
 """Shared fixtures: a digits npz built once per session, and a helper that runs the CLI in-process."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -23,6 +24,13 @@ def assert_same_state(a: dict, b: dict) -> None:
             assert torch.equal(value, b[key]), key
         else:
             torch.testing.assert_close(value, b[key], rtol=1e-3, atol=1e-4, msg=key)
+
+
+@pytest.fixture(autouse=True)
+def lightning_logs_reach_caplog(monkeypatch):
+    """Lightning's logger propagates to the root logger (where ``caplog`` listens) only if the root had no
+    handler when Lightning was imported, which depends on test order; make it always propagate."""
+    monkeypatch.setattr(logging.getLogger("lightning.pytorch"), "propagate", True)
 
 
 @pytest.fixture(scope="session")

@@ -236,11 +236,7 @@ def old_checkpoint(two_rounds: Path, tmp_path: Path) -> Path:
 
 
 def test_a_checkpoint_with_the_older_fingerprint_resumes_with_a_notice(data_root, tmp_path, two_rounds,
-                                                                        caplog, monkeypatch):
-    import logging
-
-    # Lightning's logger does not propagate to the root (caplog's) when the root had no handler at import.
-    monkeypatch.setattr(logging.getLogger("lightning.pytorch"), "propagate", True)
+                                                                        caplog):
     old = old_checkpoint(two_rounds, tmp_path)
     cli = run_cli(data_root, tmp_path, *FEDAVGM, "--ckpt_path", str(old), rounds=3, model=FEDAVG)
     assert cli.trainer.current_epoch == 3
