@@ -305,11 +305,16 @@ def main(args: list[str] | None = None) -> None:
     """Entry point of the ``fedrcl`` console script (exit status 0 on success).
 
     ``OTHER_SUBCOMMANDS`` (``fedrcl report ...``) go to their module's ``main``; the rest to LightningCLI.
+    Classes named in a config (``--model my_method.MyMethod``) are also looked up in the current folder.
     An error of fedrcl's (``user_error``, or data that cannot be found or fetched) ends in its message and
     exit status 1, without a traceback unless ``FEDRCL_DEBUG=1``; a run stopped by a signal
     (``Preempted``) in one line saying how to resume it, with exit status 128 + the signal.
     """
     argv = list(sys.argv[1:] if args is None else args)
+    # A user's own method or server in the current folder (``--model my_method.MyMethod``), as ``python -m``
+    # would find it; appended, so it never shadows an installed module.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     if argv[:1] and argv[0] in OTHER_SUBCOMMANDS:
         import_module(OTHER_SUBCOMMANDS[argv[0]][0]).main(argv[1:])
         return

@@ -129,6 +129,23 @@ def test_console_script_exits_zero(data_root, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_console_script_finds_a_method_in_the_current_folder(tmp_path):
+    """``fedrcl fit --model my_method.Mine`` with ``my_method.py`` in the folder the user runs it from."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    (tmp_path / "my_method.py").write_text("from fedrcl.algorithms import FedAvg\n\n\nclass Mine(FedAvg):\n"
+                                           "    pass\n")
+    script = Path(sys.executable).parent / "fedrcl"
+    result = subprocess.run([str(script), "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
+                             "--model", "my_method.Mine", "--print_config"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "class_path: my_method.Mine" in result.stdout
+
+
 def test_bf16_mixed_precision(data_root, tmp_path):
     """Lightning's --trainer.precision works with the round loop and the RCL loss."""
     cli = run_cli(data_root, tmp_path, "--trainer.precision", "bf16-mixed", rounds=1)
