@@ -159,10 +159,15 @@ class FedAvg(L.LightningModule):
         acc = self.val_acc.compute().item()
         self.val_acc.reset()
         if self.trainer.state.fn == "fit":  # `fedrcl validate` reports the checkpoint's EMA (or none)
-            self.acc_ema = acc if self.acc_ema is None else \
-                self.ema_decay * self.acc_ema + (1 - self.ema_decay) * acc
+            self.update_acc_ema(acc)
         ema = {} if self.acc_ema is None else {"val/acc_ema": self.acc_ema}
         self.log_dict({"val/acc": acc, **ema}, prog_bar=True)
+
+    def update_acc_ema(self, acc: float) -> float:
+        """Fold a round's test accuracy into ``val/acc_ema``: ``ema <- decay * ema + (1 - decay) * acc`` (the
+        first accuracy starts it). Also called by ``fedrcl.flower``'s central evaluation."""
+        self.acc_ema = acc if self.acc_ema is None else self.ema_decay * self.acc_ema + (1 - self.ema_decay) * acc
+        return self.acc_ema
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.validation_step(batch, batch_idx)

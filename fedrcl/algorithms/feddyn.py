@@ -70,5 +70,9 @@ class FedDyn(PersistentClientState):
                                 self.server.alpha)
                  for n, p in self.backbone.named_parameters()}
         self.save_client_state(client, state)
-        self.server.receive(client.num_samples, self._total_samples)
+        self.receive_upload(client, {})
         self._anchors = []
+
+    def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
+        """The server half takes a client's sample count (here, or where its upload arrives: ``fedrcl.flower``)."""
+        self.server.receive(client.num_samples, self._total_samples)

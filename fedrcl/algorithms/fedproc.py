@@ -102,7 +102,11 @@ class FedProc(FedAvg):
         # At the round's end, before the checkpoint: with several processes the reports are summed over all
         # of them here, so rank 0's checkpoint holds finished prototypes, not its own pending reports.
         super().on_train_epoch_end()
-        self.prototype_server.finish_round(process_sum(self.trainer))
+        self.end_server_round(process_sum(self.trainer))
+
+    def end_server_round(self, reduce: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The round's reports become the prototypes (here, or on ``fedrcl.flower``'s server)."""
+        self.prototype_server.finish_round(reduce)
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)
@@ -124,8 +128,12 @@ class FedProc(FedAvg):
             z = self.backbone(dm.model_input(dm.x_train[idx])).features[-1].float()
             s, c = class_feature_sums(z, dm.y_train[idx], dm.num_classes)
             sums, counts = (s, c) if sums is None else (sums + s, counts + c)
-        self.prototype_server.report(sums, counts)
         self._report = {"sums": sums, "counts": counts}
+        self.receive_upload(client, self._report)
+
+    def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
+        """The server half takes a client's report (here, or where its upload arrives: ``fedrcl.flower``)."""
+        self.prototype_server.report(upload["sums"], upload["counts"])
 
     def extra_download(self, client: ClientContext) -> dict[str, Tensor]:
         """Sent to a client besides the weights (for the byte count): the prototypes, once there are any."""
@@ -133,6 +141,11 @@ class FedProc(FedAvg):
         if server.prototypes is None:
             return {}
         return {"prototypes": server.prototypes, "available": server.available}
+
+    def load_download(self, client: ClientContext, extra: dict[str, Tensor]) -> None:
+        """On a client's own machine (``fedrcl.flower``): take the prototypes ``extra_download`` sent."""
+        self.prototype_server.prototypes = extra.get("prototypes")
+        self.prototype_server.available = extra.get("available")
 
     def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:
         """Sent by a client besides its weights: its last report (class feature sums and counts)."""

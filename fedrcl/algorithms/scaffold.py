@@ -89,8 +89,12 @@ class SCAFFOLD(PersistentClientState):
                  for n, p in params.items()}
         own = self.load_client_state(client.client_id)
         self.save_client_state(client, delta if own is None else {n: own[n] + d for n, d in delta.items()})
-        self.server.receive(delta, client.num_samples, self._total_samples)
+        self.receive_upload(client, delta)
         self._upload = delta
+
+    def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
+        """The server half takes a client's ``delta c_i`` (here, or where its upload arrives: ``fedrcl.flower``)."""
+        self.server.receive(upload, client.num_samples, self._total_samples)
 
     def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:
         """``delta c_i``, sent with the weights (called after ``on_client_end``)."""

@@ -14,6 +14,13 @@ the round (their bytes are added by dtype):
 State a client keeps for itself (MOON's previous local model, on the client's disk) is not sent and counts
 nothing. A server optimizer may define ``extra_broadcast(client)`` the same way (control variates).
 
+Where clients run on other machines (``fedrcl.flower``) these extras travel in the messages, and each has
+its receiving end: ``load_broadcast(client, extra)`` on the server optimizer and ``load_download(client,
+extra)`` on the client algorithm install what came down in the client's copy before it trains;
+``receive_upload(client, upload)`` on the client algorithm hands a client's upload (``{}`` for a method that
+reports only its sample count, FedDyn) to its server half, which the round then finishes with the server
+step and, if the algorithm has it, ``end_server_round()``. In one process the client half calls them itself.
+
 Time: the round's wall seconds (from one round's start to the next's) split into ``local_training``
 (clients' steps and their ``on_client_end``), ``aggregation`` (the weighted sum and the server step),
 ``evaluation`` (the validation loop, client-end analysis callbacks, and what callbacks report with

@@ -6,7 +6,10 @@ request (``fedrcl.flower``) has no fit loop, so ``LocalUpdate`` attaches the cli
 one client: the broadcast weights loaded in place, ``on_client_start``, per local epoch the client lr, per
 step Lightning's own automatic-optimisation calls (``strategy.training_step`` -> the algorithm's
 ``training_step`` -> ``local_loss``, ``strategy.backward``, ``strategy.optimizer_step`` with its
-``configure_gradient_clipping``), then ``on_client_end``. Batches come from
+``configure_gradient_clipping``), then ``on_client_end``. What a method exchanges besides the weights
+(``fedrcl.federated.communication``) is installed before the client starts (``load_broadcast`` on the
+process's copy of the server optimizer, ``load_download`` on the algorithm) and its ``extra_upload`` is
+returned with the weights. Batches come from
 ``FederatedDataModule.client_batches`` with the (seed, round, client) stream, so the client's weights are
 bitwise those of ``fedrcl fit`` on CPU (``tests/test_flower.py``).
 """
@@ -28,12 +31,14 @@ from fedrcl.federated.plan import RoundPlan
 
 @dataclass(frozen=True)
 class ClientResult:
-    """A finished client: its weights (a copy), its summed step losses by name, steps, and any failure."""
+    """A finished client: its weights (a copy), its summed step losses by name, steps, any failure, and what it
+    uploads besides its weights (``extra_upload``; empty for most methods)."""
 
     weights: dict[str, Tensor]
     loss_sums: dict[str, float]
     steps: int
     failure: Optional[str]
+    upload: dict[str, Tensor]
 
 
 def attach(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule) -> None:
@@ -63,8 +68,11 @@ class LocalUpdate:
         attach(trainer, module, datamodule)
         self.federation = trainer.federation
 
-    def run(self, round_idx: int, client_id: int, sent: Mapping[str, Tensor]) -> ClientResult:
-        """Train client ``client_id`` in round ``round_idx`` from the broadcast weights ``sent``."""
+    def run(self, round_idx: int, client_id: int, sent: Mapping[str, Tensor],
+            broadcast: Mapping[str, Tensor] = {}, download: Mapping[str, Tensor] = {}) -> ClientResult:
+        """Train client ``client_id`` in round ``round_idx`` from the broadcast weights ``sent``, with what the
+        server sent besides them: ``broadcast`` (its ``extra_broadcast``) and ``download`` (the algorithm's
+        ``extra_download``)."""
         trainer, module, dm = self.trainer, self.module, self.datamodule
         plan = RoundPlan(round_idx=round_idx, client_ids=(client_id,),
                          num_samples=(dm.client_num_samples(client_id),),
@@ -76,6 +84,11 @@ class LocalUpdate:
         module.train()
         module.on_train_epoch_start()  # the round's loss sums
         load_state_(module.backbone, sent)
+        server = self.federation.server
+        if hasattr(server, "load_broadcast"):
+            server.load_broadcast(client, {k: v.to(module.device) for k, v in broadcast.items()})
+        if hasattr(module, "load_download"):
+            module.load_download(client, {k: v.to(module.device) for k, v in download.items()})
         module.on_client_start(client)
         optimizer = trainer.optimizers[0]
         loss_sum: Optional[Tensor] = None
@@ -99,5 +112,7 @@ class LocalUpdate:
                 loss_sum = losses[-1] if loss_sum is None else loss_sum + losses[-1]
         module.on_client_end(client)
         weights = snapshot(module.backbone)
+        upload = module.extra_upload(client) if hasattr(module, "extra_upload") else {}
+        upload = {k: v.detach().clone() for k, v in upload.items()}
         sums = {k: float(v) for k, v in module._round_loss_sums.items()}
-        return ClientResult(weights, sums, module._round_steps, client_failure(loss_sum, weights))
+        return ClientResult(weights, sums, module._round_steps, client_failure(loss_sum, weights), upload)

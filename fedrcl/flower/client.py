@@ -7,14 +7,17 @@ arguments, so a node needs no config of its own (``data-root`` in its ``node_con
 data). Messages:
 
 - ``query``: reply which clients this node serves (the server maps each client to its node once).
-- ``train``: content ``fedrcl.round`` (``round_idx``, ``client_id``) and ``fedrcl.sent`` (the broadcast
-  weights); the client algorithm's own local update runs (``fedrcl.federated.local_update.LocalUpdate``,
-  the engine's code path and (seed, round, client) streams); the reply holds ``fedrcl.weights``, the summed
-  step losses ``fedrcl.train`` and ``fedrcl.status`` (a non-finite loss or weights, for the server to stop
-  the round with).
+- ``train``: content ``fedrcl.round`` (``round_idx``, ``client_id``), ``fedrcl.sent`` (the broadcast
+  weights) and, for methods that send more, ``fedrcl.broadcast`` / ``fedrcl.download`` (the server's
+  ``extra_broadcast``, the algorithm's ``extra_download``: SCAFFOLD's ``c``, FedProc's prototypes); the client
+  algorithm's own local update runs (``fedrcl.federated.local_update.LocalUpdate``, the engine's code path
+  and (seed, round, client) streams); the reply holds ``fedrcl.weights``, ``fedrcl.upload`` (its
+  ``extra_upload``, e.g. SCAFFOLD's ``delta c_i``; empty for most methods), the summed step losses
+  ``fedrcl.train`` and ``fedrcl.status`` (a non-finite loss or weights, for the server to stop the round
+  with).
 
 The module, data and optimizer are built once per process and run (``_local_update``), never per client.
-Per-client state (MOON's previous model) stays on the node: the algorithm's ``ClientStateStore`` writes its
+Per-client state (MOON's previous model, SCAFFOLD's ``c_i``, FedDyn's dual) stays on the node: the algorithm's ``ClientStateStore`` writes its
 files under the node's ``state-dir`` (default: a folder of the run under the system's temp folder), and
 the node's Flower ``Context.state`` keeps which file is each client's current one, so a new ClientApp
 process (a SuperNode starts one per message; the simulation may use several) reads the right file.
@@ -89,12 +92,15 @@ def make_client_app() -> ClientApp:
         known = manifest.get(str(client_id))
         if store is not None and known is not None and str(store.file(client_id)) != known:
             store.adopt({client_id: known})  # written by another process of this node
-        result = update.run(round_idx, client_id, message.content["fedrcl.sent"].to_torch_state_dict())
+        extras = {name: message.content[f"fedrcl.{name}"].to_torch_state_dict()
+                  for name in ("broadcast", "download") if f"fedrcl.{name}" in message.content}
+        result = update.run(round_idx, client_id, message.content["fedrcl.sent"].to_torch_state_dict(), **extras)
         if store is not None and store.file(client_id) is not None:
             manifest[str(client_id)] = str(store.file(client_id))
             context.state[state_key] = manifest
         content = RecordDict({
             "fedrcl.weights": ArrayRecord.from_torch_state_dict(result.weights),
+            "fedrcl.upload": ArrayRecord.from_torch_state_dict(result.upload),
             "fedrcl.train": MetricRecord({"client_id": client_id, "steps": result.steps, **result.loss_sums}),
             "fedrcl.status": ConfigRecord({"failure": result.failure or ""}),
         })

@@ -32,15 +32,23 @@ from fedrcl.flower.config import Args, as_args, build, run_args
 from fedrcl.flower.strategy import FedrclStrategy
 
 
+RECEIVING_ENDS = (  # (owner, what it sends or takes, what must exist for it to cross machines)
+    ("server", "extra_broadcast", "load_broadcast"),  # installed in the client's copy of the server half
+    ("module", "extra_download", "load_download"),  # installed in the client's copy of the algorithm
+    ("module", "extra_upload", "receive_upload"),  # handed to the server half on the server
+    ("server", "receive", "receive_upload"),  # reports the client half gives its server half in-process
+)
+
+
 def unsupported(module, trainer) -> Optional[str]:
-    """Why this run cannot go through Flower (``None`` if it can): methods whose server half needs more than
-    the clients' weights are refused rather than run with a part missing."""
-    server = trainer.federation.server
-    for owner, name in ((module, "extra_download"), (module, "extra_upload"), (server, "extra_broadcast"),
-                        (server, "receive")):
-        if hasattr(owner, name):
-            return (f"{type(module).__name__} with {type(server).__name__} exchanges more than the weights "
-                    f"({type(owner).__name__}.{name}); fedrcl.flower carries only weights and losses yet")
+    """Why this run cannot go through Flower (``None`` if it can): a method that exchanges more than the
+    weights needs each exchange's receiving end (``fedrcl.federated.communication``); without it a client
+    on another machine would train, or the server would step, with a part missing, so it is refused."""
+    owners = {"server": trainer.federation.server, "module": module}
+    for owner, sends, end in RECEIVING_ENDS:
+        if hasattr(owners[owner], sends) and not hasattr(module if end == "receive_upload" else owners[owner], end):
+            return (f"{type(module).__name__} with {type(owners[owner]).__name__} has {sends} but no {end}: "
+                    "what it exchanges besides the weights cannot reach the other machine")
     return None
 
 
@@ -59,7 +67,7 @@ def evaluate(module, datamodule) -> float:
     module.train()
     acc = module.val_acc.compute().item()
     module.val_acc.reset()
-    module.acc_ema = acc if module.acc_ema is None else module.ema_decay * module.acc_ema + (1 - module.ema_decay) * acc
+    module.update_acc_ema(acc)
     return acc
 
 

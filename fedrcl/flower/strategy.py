@@ -5,11 +5,15 @@ Per round (``server_round`` 1-based, fedrcl's ``round_idx`` = ``first_round + se
 - ``configure_train``: the clients of ``fedrcl.federated.sampling.sample_clients`` (seeded by (seed, round),
   never Python's global ``random``), ``sent = server.broadcast(global)`` (FedACG: the look-ahead), one
   ``train`` message per client to the node that serves it (nodes are asked once, with a ``query`` message,
-  which clients they serve);
+  which clients they serve), with what the method sends besides the weights (``fedrcl.broadcast``: the
+  server's ``extra_broadcast``; ``fedrcl.download``: the algorithm's ``extra_download``);
 - ``aggregate_train``: the replies put back in the sampled order (never arrival order); a client that sent
   an error, did not reply in time or reports a non-finite loss or weights stops the round with an error
   naming it (a round never averages fewer clients); the sample-weighted float64 sum of
-  ``fedrcl.federated.aggregation.WeightedSum`` and ``server.step`` give the new global weights.
+  ``fedrcl.federated.aggregation.WeightedSum`` and ``server.step`` give the new global weights. Each client's
+  upload besides its weights (``fedrcl.upload``, its ``extra_upload``) goes, in the sampled order, to the
+  algorithm's ``receive_upload`` (the hook its client half calls in one process) before the server step,
+  and the algorithm's ``end_server_round`` follows it (``fedrcl.federated.communication``).
 
 The server optimizer's memory (momenta) lives in the strategy between rounds; ``ledger`` counts fedrcl's
 bytes and seconds, and ``payload`` the bytes Flower carried (``ArrayRecord.count_bytes``).
@@ -39,6 +43,30 @@ class ClientFailure(RuntimeError):
     """A client of the round sent an error or no reply: the round stops, naming it."""
 
 
+class Carried:
+    """What one client's messages carried besides the weights, seen through the ledger's hooks
+    (``fedrcl.federated.communication.client_traffic``), so that fedrcl's bytes are those Flower sent."""
+
+    def __init__(self, down: dict[str, dict[str, torch.Tensor]], up: dict[str, torch.Tensor]):
+        self.down, self.up = down, up
+
+    def extra_download(self, client: ClientContext) -> dict[str, torch.Tensor]:
+        return {f"{record}.{k}": v for record, extra in self.down.items() for k, v in extra.items()}
+
+    def extra_upload(self, client: ClientContext) -> dict[str, torch.Tensor]:
+        return self.up
+
+
+def extras_down(server: ServerOptimizer, algorithm: Any, client: ClientContext) -> dict[str, dict[str, torch.Tensor]]:
+    """What ``client`` receives besides the weights, by message record: ``broadcast`` (the server optimizer's
+    ``extra_broadcast``) and ``download`` (the client algorithm's ``extra_download``), for methods that have them."""
+    extras = {}
+    for record, owner, hook in (("broadcast", server, "extra_broadcast"), ("download", algorithm, "extra_download")):
+        if hasattr(owner, hook):
+            extras[record] = dict(getattr(owner, hook)(client))
+    return extras
+
+
 class FedrclStrategy(Strategy):
     """fedrcl's round on Flower's Message API (see the module docstring).
 
@@ -50,8 +78,8 @@ class FedrclStrategy(Strategy):
         seed: the federation's seed (``trainer.seed``).
         first_round: fedrcl round index of Flower's round 1 (a resumed run's next round).
         node_wait: seconds to wait for nodes that serve every client before the first round.
-        algorithm: the client algorithm (for methods that send more than weights, ``extra_download`` /
-            ``extra_upload`` in ``fedrcl.federated.communication``).
+        algorithm: the server's copy of the client algorithm (for methods that exchange more than weights:
+            ``extra_download``, ``receive_upload``, ``end_server_round`` in ``fedrcl.federated.communication``).
         run_args: fedrcl's arguments of the run, sent to the nodes with every message.
         ledger: where bytes and seconds are counted (default: a new ``RoundLedger``).
     """
@@ -69,6 +97,7 @@ class FedrclStrategy(Strategy):
         self.train_metrics: dict[str, float] = {}
         self.steps = 0  # local steps of every client so far (Lightning's global_step in fedrcl fit)
         self._sent: dict[str, torch.Tensor] = {}
+        self._down: dict[int, dict[str, dict[str, torch.Tensor]]] = {}  # client -> its extras, by record
 
     def round_idx(self, server_round: int) -> int:
         return self.first_round + server_round - 1
@@ -111,13 +140,19 @@ class FedrclStrategy(Strategy):
         self._messages = []
         self.payload = {"down": 0, "up": 0}
         for client in self._clients:
-            record = ArrayRecord.from_torch_state_dict(self._sent)
-            self.payload["down"] += record.count_bytes()
-            content = RecordDict({"fedrcl.sent": record, "fedrcl.run": self._run_record(),
+            extras = self._down[client] = extras_down(self.server, self.algorithm, self._context(round_idx, client))
+            records = {"fedrcl.sent": ArrayRecord.from_torch_state_dict(self._sent),
+                       **{f"fedrcl.{name}": ArrayRecord.from_torch_state_dict(t) for name, t in extras.items()}}
+            self.payload["down"] += sum(record.count_bytes() for record in records.values())
+            content = RecordDict({**records, "fedrcl.run": self._run_record(),
                                   "fedrcl.round": ConfigRecord({"round_idx": round_idx, "client_id": client})})
             self._messages.append(Message(content, dst_node_id=self.nodes[client], message_type="train",
                                           group_id=str(server_round)))
         return self._messages
+
+    def _context(self, round_idx: int, client: int) -> ClientContext:
+        return ClientContext(round_idx=round_idx, client_id=client, num_samples=self.num_samples[client],
+                             num_steps=0, seed=self.seed, global_state=self._sent)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
@@ -144,13 +179,16 @@ class FedrclStrategy(Strategy):
         for client in self._clients:  # the sampled order
             reply = received[client]
             record = reply.content["fedrcl.weights"]
-            self.payload["up"] += record.count_bytes()
-            weights = record.to_torch_state_dict()
+            uploaded = reply.content["fedrcl.upload"] if "fedrcl.upload" in reply.content else ArrayRecord()
+            self.payload["up"] += record.count_bytes() + uploaded.count_bytes()
+            weights, upload = record.to_torch_state_dict(), uploaded.to_torch_state_dict()
             if reply.content["fedrcl.status"]["failure"]:
                 failures[client] = str(reply.content["fedrcl.status"]["failure"])
-            context = ClientContext(round_idx=round_idx, client_id=client, num_samples=self.num_samples[client],
-                                    num_steps=0, seed=self.seed, global_state=self._sent)
-            self.ledger.count_client(self._sent, weights, self.algorithm, self.server, context)
+            context = self._context(round_idx, client)
+            self.ledger.count_client(self._sent, weights, Carried(self._down[client], upload), None, context)
+            if hasattr(self.algorithm, "receive_upload"):  # the server half takes it, as in one process
+                with self.ledger.timed("aggregation"):
+                    self.algorithm.receive_upload(context, upload)
             with self.ledger.timed("aggregation"):
                 total.add(weights, weight=float(self.num_samples[client]))
             metrics = reply.content["fedrcl.train"]
@@ -163,6 +201,8 @@ class FedrclStrategy(Strategy):
             raise DivergenceError(divergence_message(round_idx, failures, hint))
         with self.ledger.timed("aggregation"):
             new_global = self.server.step(self._global, self._sent, total.mean())
+            if hasattr(self.algorithm, "end_server_round"):
+                self.algorithm.end_server_round()
         if not all_finite(new_global.values()):
             raise DivergenceError(f"training diverged in round {round_idx + 1}: the server step "
                                   f"({type(self.server).__name__}) gave non-finite global weights. {hint}")

@@ -6,8 +6,9 @@ Sums are float64 with integer sample-count weights, so (as in ``fedrcl.federated
 depend on the order in which clients finish or on how they are split over processes. With several
 processes, ``total`` sums each process's part in one all-reduce per tensor; every process calls it at the
 same point of the round (the server step), after the round's aggregation. The reports travel inside
-the process (the client half calls its server half, ``trainer.federation.server``); the Flower adapter,
-whose clients run in other processes, does not carry them.
+the process (the client half calls its server half, ``trainer.federation.server``); on Flower, where clients
+run in other processes, they come back in the replies and the server's copy of the client algorithm hands
+them over (``receive_upload``, ``fedrcl.federated.communication``).
 """
 from __future__ import annotations
 
@@ -52,8 +53,7 @@ class ClientReports:
         """``(sum_i n_i / n_all, {name: sum_i n_i t_i / n_all})`` over every process's clients, then clear."""
         if self.total_samples is None:
             raise RuntimeError("no client reported to the server this round: the client algorithm does not "
-                               "match trainer.server, or the clients ran elsewhere (fedrcl.flower does not carry "
-                               "these reports yet)")
+                               "match trainer.server")
         weight = _sum_over_processes(torch.tensor(self.weight, dtype=torch.float64, device=device)).item()
         sums = {k: _sum_over_processes(v) / self.total_samples for k, v in self.sums.items()}
         fraction = weight / self.total_samples

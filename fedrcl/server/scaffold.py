@@ -48,10 +48,18 @@ class SCAFFOLD(StatefulServer):
 
     def receive(self, delta: Mapping[str, Tensor], num_samples: int, total_samples: int) -> None:
         """A client's upload besides its weights: its ``delta c_i``, its and all clients' sample counts."""
+        self.control(delta)  # c = 0 with the parameters' dtype, where no client in this process has read it yet
         self.reports.add(num_samples, total_samples, delta)
 
     def extra_broadcast(self, client: Any) -> Mapping[str, Tensor]:
         return self.memory.get("control", {})
+
+    def load_broadcast(self, client: Any, extra: Mapping[str, Tensor]) -> None:
+        """On a client's own machine (``fedrcl.flower``): take ``c`` from what ``extra_broadcast`` sent."""
+        if extra:
+            self.memory["control"] = dict(extra)
+        else:
+            self.memory.pop("control", None)
 
     def step(self, global_state: State, sent: Mapping[str, Tensor], client_mean: Mapping[str, Tensor]) -> State:
         device = next(iter(client_mean.values())).device
