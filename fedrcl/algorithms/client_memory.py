@@ -1,7 +1,8 @@
-"""A client algorithm that keeps a state dict per client across rounds (SCAFFOLD's control variate c_i,
-FedDyn's dual variable g_i), in a ``fedrcl.federated.client_state.ClientStateStore``.
+"""A client algorithm that keeps a state dict per client across rounds (MOON's previous local model,
+SCAFFOLD's control variate c_i, FedDyn's dual variable g_i), in a
+``fedrcl.federated.client_state.ClientStateStore``.
 
-The same arrangement as MOON's previous models: one safetensors file per client under
+One safetensors file per client under
 ``<log dir>/client_state`` (or ``state_dir``), at most ``max_states_in_memory`` in a CPU cache; the
 checkpoint holds the store's manifest, so a resumed run reads the interrupted run's files; with several
 processes each writes the clients it trains and, after every round, adopts the files the others wrote
