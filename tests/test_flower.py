@@ -42,7 +42,8 @@ METHODS = {  # name: (client algorithm, overlays)
     "fedrcl_fedacg": ("fedrcl.algorithms.FedRCL", ["--config", str(REPO / "configs/server/fedacg.yaml")]),
     "scaffold": ("fedrcl.algorithms.SCAFFOLD", ["--config", str(REPO / "configs/methods/scaffold.yaml")]),
     "feddyn": ("fedrcl.algorithms.FedDyn", ["--config", str(REPO / "configs/methods/feddyn.yaml")]),
-    "fedproc": ("fedrcl.algorithms.FedProc", ["--config", str(REPO / "configs/methods/fedproc.yaml")]),
+    "fedproc": ("fedrcl.algorithms.FedProc", ["--config", str(REPO / "configs/methods/fedproc.yaml"),
+                                              "--model.init_args.anneal_rounds", "6"]),  # prototypes weigh in round 4
 }
 
 
@@ -178,11 +179,12 @@ def test_localhost_deployment_gives_fit_weights(data_root, tmp_path):
     np.testing.assert_array_equal(load_scalars(flower)["val/acc_ema"][1], load_scalars(fit)["val/acc_ema"][1])
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedrcl_fedacg"])
+@pytest.mark.parametrize("name", ["fedavg", "fedrcl_fedacg", "fedproc"])
 def test_fit_resumes_a_flower_run(runs, data_root, tmp_path, name):
-    """``fedrcl fit --ckpt_path last`` continues a Flower run (FedACG: with the momentum the strategy kept) to
-    round 4 with the weights of a run that never stopped; ``fedrcl validate`` reads its checkpoint. (MOON's
-    client states stay on the Flower nodes, so a resumed MOON run would start without them.)"""
+    """``fedrcl fit --ckpt_path last`` continues a Flower run (FedACG: with the momentum the strategy kept;
+    FedProc: with the prototypes the server made from the clients' uploads) to round 4 with the weights of a
+    run that never stopped; ``fedrcl validate`` reads its checkpoint. (MOON's, SCAFFOLD's and FedDyn's
+    client states stay on the Flower nodes, so a resumed run of those would start its clients without them.)"""
     model, overlays = METHODS[name]
     flower_save = tmp_path / "flower"  # a copy: resuming writes a version_1 beside the run
     shutil.copytree(runs[name][1].parents[1], flower_save)
