@@ -42,8 +42,9 @@ METHODS = {  # name: (client algorithm, overlays)
     "fedrcl_fedacg": ("fedrcl.algorithms.FedRCL", ["--config", str(REPO / "configs/server/fedacg.yaml")]),
     "scaffold": ("fedrcl.algorithms.SCAFFOLD", ["--config", str(REPO / "configs/methods/scaffold.yaml")]),
     "feddyn": ("fedrcl.algorithms.FedDyn", ["--config", str(REPO / "configs/methods/feddyn.yaml")]),
-    "fedproc": ("fedrcl.algorithms.FedProc", ["--config", str(REPO / "configs/methods/fedproc.yaml"),
-                                              "--model.init_args.anneal_rounds", "6"]),  # prototypes weigh in round 4
+    "fedproc": ("fedrcl.algorithms.FedProc",  # anneal_rounds 6: the prototypes still weigh in round 4
+                ["--config", str(REPO / "configs/methods/fedproc.yaml"),
+                 "--model.init_args.anneal_rounds", "6"]),
 }
 
 
@@ -144,7 +145,8 @@ def test_flower_payload_is_fedrcl_ledger_plus_npy_headers(runs, data_root, tmp_p
     if name == "scaffold":
         from fedrcl.flower.config import build
 
-        names = [n for n, _ in build(flower_args(data_root, tmp_path, name)).model.backbone.named_parameters()]
+        backbone = build(flower_args(data_root, tmp_path, name)).model.backbone
+        names = [n for n, _ in backbone.named_parameters()]
         params = npy_overhead({n: state[n] for n in names})
     extra = {"down": np.array([0] + [params] * (ROUNDS - 1)), "up": np.full(ROUNDS, params)}
     param_bytes = sum(state[n].numel() * state[n].element_size() for n in names) if params else 0
@@ -152,7 +154,7 @@ def test_flower_payload_is_fedrcl_ledger_plus_npy_headers(runs, data_root, tmp_p
     for direction in ("down", "up"):
         ledger = np.array(scalars[f"comm/{direction}_bytes"][1])
         payload = np.array(scalars[f"flower/{direction}_bytes"][1])
-        np.testing.assert_array_equal(payload - ledger, 3 * (weights + extra[direction]))  # 3 clients per round
+        np.testing.assert_array_equal(payload - ledger, 3 * (weights + extra[direction]))  # 3 clients/round
         unsent = np.array([3 * param_bytes if direction == "down" else 0] + [0] * (ROUNDS - 1))
         np.testing.assert_array_equal(np.array(fit_scalars[f"comm/{direction}_bytes"][1]) - ledger, unsent)
         extra_bytes = np.array(fedavg[f"comm/{direction}_bytes"][1]) + 3 * param_bytes - unsent
@@ -184,7 +186,8 @@ def test_fit_resumes_a_flower_run(runs, data_root, tmp_path, name):
     """``fedrcl fit --ckpt_path last`` continues a Flower run (FedACG: with the momentum the strategy kept;
     FedProc: with the prototypes the server made from the clients' uploads) to round 4 with the weights of a
     run that never stopped; ``fedrcl validate`` reads its checkpoint. (MOON's, SCAFFOLD's and FedDyn's
-    client states stay on the Flower nodes, so a resumed run of those would start its clients without them.)"""
+    client states stay on the Flower nodes, so a resumed run of those would start its clients without
+    them.)"""
     model, overlays = METHODS[name]
     flower_save = tmp_path / "flower"  # a copy: resuming writes a version_1 beside the run
     shutil.copytree(runs[name][1].parents[1], flower_save)
@@ -281,8 +284,8 @@ def test_a_method_without_a_receiving_end_is_refused(data_root, tmp_path, monkey
 
 
 @pytest.mark.parametrize("name", ["moon", "scaffold", "feddyn"])
-def test_a_new_clientapp_process_finds_the_client_state_through_the_node_context(data_root, tmp_path, server_task,
-                                                                                 name):
+def test_a_new_clientapp_process_finds_client_state_through_the_node_context(data_root, tmp_path, server_task,
+                                                                             name):
     """A SuperNode starts a new ClientApp process per message: client 9's state of round 1 (MOON's previous
     model, SCAFFOLD's c_i, FedDyn's dual) must be found in round 2 through the node's ``Context.state`` alone,
     giving the same weights as one process, and other weights than a node that lost it."""

@@ -166,7 +166,8 @@ class FedAvg(L.LightningModule):
     def update_acc_ema(self, acc: float) -> float:
         """Fold a round's test accuracy into ``val/acc_ema``: ``ema <- decay * ema + (1 - decay) * acc`` (the
         first accuracy starts it). Also called by ``fedrcl.flower``'s central evaluation."""
-        self.acc_ema = acc if self.acc_ema is None else self.ema_decay * self.acc_ema + (1 - self.ema_decay) * acc
+        self.acc_ema = acc if self.acc_ema is None else \
+            self.ema_decay * self.acc_ema + (1 - self.ema_decay) * acc
         return self.acc_ema
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

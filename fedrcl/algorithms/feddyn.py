@@ -74,5 +74,5 @@ class FedDyn(PersistentClientState):
         self._anchors = []
 
     def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
-        """The server half takes a client's sample count (here, or where its upload arrives: ``fedrcl.flower``)."""
+        """The server half takes a client's sample count (here, or where uploads arrive, on Flower)."""
         self.server.receive(client.num_samples, self._total_samples)

@@ -93,7 +93,7 @@ class SCAFFOLD(PersistentClientState):
         self._upload = delta
 
     def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
-        """The server half takes a client's ``delta c_i`` (here, or where its upload arrives: ``fedrcl.flower``)."""
+        """The server half takes a client's ``delta c_i`` (here, or where uploads arrive, on Flower)."""
         self.server.receive(upload, client.num_samples, self._total_samples)
 
     def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:

@@ -31,8 +31,8 @@ from fedrcl.federated.plan import RoundPlan
 
 @dataclass(frozen=True)
 class ClientResult:
-    """A finished client: its weights (a copy), its summed step losses by name, steps, any failure, and what it
-    uploads besides its weights (``extra_upload``; empty for most methods)."""
+    """A finished client: its weights (a copy), its summed step losses by name, steps, any failure, and what
+    it uploads besides its weights (``extra_upload``; empty for most methods)."""
 
     weights: dict[str, Tensor]
     loss_sums: dict[str, float]
@@ -70,9 +70,9 @@ class LocalUpdate:
 
     def run(self, round_idx: int, client_id: int, sent: Mapping[str, Tensor],
             broadcast: Mapping[str, Tensor] = {}, download: Mapping[str, Tensor] = {}) -> ClientResult:
-        """Train client ``client_id`` in round ``round_idx`` from the broadcast weights ``sent``, with what the
-        server sent besides them: ``broadcast`` (its ``extra_broadcast``) and ``download`` (the algorithm's
-        ``extra_download``)."""
+        """Train client ``client_id`` in round ``round_idx`` from the broadcast weights ``sent``, with what
+        the server sent besides them: ``broadcast`` (its ``extra_broadcast``) and ``download`` (the
+        algorithm's ``extra_download``)."""
         trainer, module, dm = self.trainer, self.module, self.datamodule
         plan = RoundPlan(round_idx=round_idx, client_ids=(client_id,),
                          num_samples=(dm.client_num_samples(client_id),),

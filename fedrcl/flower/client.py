@@ -17,10 +17,11 @@ data). Messages:
   with).
 
 The module, data and optimizer are built once per process and run (``_local_update``), never per client.
-Per-client state (MOON's previous model, SCAFFOLD's ``c_i``, FedDyn's dual) stays on the node: the algorithm's ``ClientStateStore`` writes its
-files under the node's ``state-dir`` (default: a folder of the run under the system's temp folder), and
-the node's Flower ``Context.state`` keeps which file is each client's current one, so a new ClientApp
-process (a SuperNode starts one per message; the simulation may use several) reads the right file.
+Per-client state (MOON's previous model, SCAFFOLD's ``c_i``, FedDyn's dual) stays on the node: the
+algorithm's ``ClientStateStore`` writes its files under the node's ``state-dir`` (default: a folder of the
+run under the system's temp folder), and the node's Flower ``Context.state`` keeps which file is each
+client's current one, so a new ClientApp process (a SuperNode starts one per message; the simulation may
+use several) reads the right file.
 """
 from __future__ import annotations
 
@@ -94,7 +95,8 @@ def make_client_app() -> ClientApp:
             store.adopt({client_id: known})  # written by another process of this node
         extras = {name: message.content[f"fedrcl.{name}"].to_torch_state_dict()
                   for name in ("broadcast", "download") if f"fedrcl.{name}" in message.content}
-        result = update.run(round_idx, client_id, message.content["fedrcl.sent"].to_torch_state_dict(), **extras)
+        sent = message.content["fedrcl.sent"].to_torch_state_dict()
+        result = update.run(round_idx, client_id, sent, **extras)
         if store is not None and store.file(client_id) is not None:
             manifest[str(client_id)] = str(store.file(client_id))
             context.state[state_key] = manifest

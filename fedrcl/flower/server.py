@@ -46,7 +46,8 @@ def unsupported(module, trainer) -> Optional[str]:
     on another machine would train, or the server would step, with a part missing, so it is refused."""
     owners = {"server": trainer.federation.server, "module": module}
     for owner, sends, end in RECEIVING_ENDS:
-        if hasattr(owners[owner], sends) and not hasattr(module if end == "receive_upload" else owners[owner], end):
+        taker = module if end == "receive_upload" else owners[owner]
+        if hasattr(owners[owner], sends) and not hasattr(taker, end):
             return (f"{type(module).__name__} with {type(owners[owner]).__name__} has {sends} but no {end}: "
                     "what it exchanges besides the weights cannot reach the other machine")
     return None

@@ -57,11 +57,14 @@ class Carried:
         return self.up
 
 
-def extras_down(server: ServerOptimizer, algorithm: Any, client: ClientContext) -> dict[str, dict[str, torch.Tensor]]:
-    """What ``client`` receives besides the weights, by message record: ``broadcast`` (the server optimizer's
-    ``extra_broadcast``) and ``download`` (the client algorithm's ``extra_download``), for methods that have them."""
+def extras_down(server: ServerOptimizer, algorithm: Any,
+                client: ClientContext) -> dict[str, dict[str, torch.Tensor]]:
+    """What ``client`` receives besides the weights, by message record: ``broadcast`` (the server
+    optimizer's ``extra_broadcast``) and ``download`` (the client algorithm's ``extra_download``), for
+    methods that have them."""
     extras = {}
-    for record, owner, hook in (("broadcast", server, "extra_broadcast"), ("download", algorithm, "extra_download")):
+    hooks = (("broadcast", server, "extra_broadcast"), ("download", algorithm, "extra_download"))
+    for record, owner, hook in hooks:
         if hasattr(owner, hook):
             extras[record] = dict(getattr(owner, hook)(client))
     return extras
@@ -79,7 +82,7 @@ class FedrclStrategy(Strategy):
         first_round: fedrcl round index of Flower's round 1 (a resumed run's next round).
         node_wait: seconds to wait for nodes that serve every client before the first round.
         algorithm: the server's copy of the client algorithm (for methods that exchange more than weights:
-            ``extra_download``, ``receive_upload``, ``end_server_round`` in ``fedrcl.federated.communication``).
+            ``extra_download``, ``receive_upload``, ``end_server_round``; ``fedrcl.federated.communication``).
         run_args: fedrcl's arguments of the run, sent to the nodes with every message.
         ledger: where bytes and seconds are counted (default: a new ``RoundLedger``).
     """
@@ -140,9 +143,11 @@ class FedrclStrategy(Strategy):
         self._messages = []
         self.payload = {"down": 0, "up": 0}
         for client in self._clients:
-            extras = self._down[client] = extras_down(self.server, self.algorithm, self._context(round_idx, client))
-            records = {"fedrcl.sent": ArrayRecord.from_torch_state_dict(self._sent),
-                       **{f"fedrcl.{name}": ArrayRecord.from_torch_state_dict(t) for name, t in extras.items()}}
+            extras = extras_down(self.server, self.algorithm, self._context(round_idx, client))
+            self._down[client] = extras
+            records = {"fedrcl.sent": ArrayRecord.from_torch_state_dict(self._sent)}
+            for name, tensors in extras.items():
+                records[f"fedrcl.{name}"] = ArrayRecord.from_torch_state_dict(tensors)
             self.payload["down"] += sum(record.count_bytes() for record in records.values())
             content = RecordDict({**records, "fedrcl.run": self._run_record(),
                                   "fedrcl.round": ConfigRecord({"round_idx": round_idx, "client_id": client})})

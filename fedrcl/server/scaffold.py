@@ -48,7 +48,7 @@ class SCAFFOLD(StatefulServer):
 
     def receive(self, delta: Mapping[str, Tensor], num_samples: int, total_samples: int) -> None:
         """A client's upload besides its weights: its ``delta c_i``, its and all clients' sample counts."""
-        self.control(delta)  # c = 0 with the parameters' dtype, where no client in this process has read it yet
+        self.control(delta)  # c = 0 with the parameters' dtype if no client in this process read it yet
         self.reports.add(num_samples, total_samples, delta)
 
     def extra_broadcast(self, client: Any) -> Mapping[str, Tensor]:
