@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedrcl.algorithms import FedRCL
+from fedrcl.algorithms import FedAvg
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.federated.trainer import FederatedTrainer
 from fedrcl.models import SmallCNN
@@ -48,8 +48,10 @@ def test_bad_layout_names_the_key(rgb_root):
 
 
 def final_weights(root, layout):
+    """Two rounds of FedAvg. Not FedRCL: its top-k choice of positives and negatives can flip when two
+    similarities differ by a rounding error, so on some CPUs its runs part by 1e-4 after a few steps."""
     torch.manual_seed(0)
-    model = FedRCL(backbone=SmallCNN, num_classes=10)
+    model = FedAvg(backbone=SmallCNN, num_classes=10)
     trainer = FederatedTrainer(rounds=2, clients_per_round=2, local_epochs=1, accelerator="cpu", devices=1,
                                logger=False, enable_checkpointing=False, enable_progress_bar=False,
                                enable_model_summary=False)
