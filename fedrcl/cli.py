@@ -231,7 +231,7 @@ def _log_apart(trainer: Namespace, subcommand: str) -> None:
 def parse_error_text(message: str) -> str:
     """jsonargparse's message, shortened to what was wrong: an unknown key says so, and a key the round loop
     sets says which key to use instead; a class that cannot be imported is named with the reason."""
-    for key, instead in OWNED_BY_ROUNDS.items():
+    for key, (_, instead) in OWNED_BY_ROUNDS.items():
         if f"trainer.{key}" in message and ("unrecognized" in message or "does not accept" in message):
             return f"trainer.{key} is set by fedrcl's round loop: {instead}"
     link = re.match(r"Call to compute_fn of link '\w+\(([\w.]+)\) --> [\w.]+' with args \((.*?)\) failed: (.*)",

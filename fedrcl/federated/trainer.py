@@ -19,16 +19,14 @@ from fedrcl.federated.round_axis import log_against_rounds
 from fedrcl.federated.strategy import check_federated_strategy, federated_ddp_names
 from fedrcl.server import ServerOptimizer
 
-# Trainer arguments the federation sets itself, with Lightning's defaults (anything else is an error).
-_OWNED = {"max_epochs": None, "min_epochs": None, "max_steps": -1, "check_val_every_n_epoch": 1,
-          "reload_dataloaders_every_n_epochs": 0, "num_sanity_val_steps": None,
-          "gradient_clip_val": None}
-# ... and what to set instead (``fedrcl fit --help`` leaves them out; the parser's error names the key to use).
-OWNED_BY_ROUNDS = {"max_epochs": "use trainer.rounds", "min_epochs": "use trainer.rounds",
-                   "max_steps": "use trainer.rounds", "check_val_every_n_epoch": "use trainer.eval_every",
-                   "reload_dataloaders_every_n_epochs": "every round has its own batches",
-                   "num_sanity_val_steps": "fedrcl runs no sanity check",
-                   "gradient_clip_val": "use model.init_args.grad_clip_norm (per client step)"}
+# Trainer arguments the round loop sets itself: Lightning's default (any other value is an error) and what
+# to set instead (``fedrcl fit --help`` leaves them out; the parser's error names the key to use).
+OWNED_BY_ROUNDS = {"max_epochs": (None, "use trainer.rounds"), "min_epochs": (None, "use trainer.rounds"),
+                   "max_steps": (-1, "use trainer.rounds"),
+                   "check_val_every_n_epoch": (1, "use trainer.eval_every"),
+                   "reload_dataloaders_every_n_epochs": (0, "every round has its own batches"),
+                   "num_sanity_val_steps": (None, "fedrcl runs no sanity check"),
+                   "gradient_clip_val": (None, "use model.init_args.grad_clip_norm (per client step)")}
 
 
 
@@ -78,9 +76,9 @@ class FederatedTrainer(L.Trainer):
         **kwargs: Any,
     ):
         quiet_lightning()
-        for key, default in _OWNED.items():
+        for key, (default, instead) in OWNED_BY_ROUNDS.items():
             if kwargs.pop(key, default) != default:
-                raise ValueError(f"trainer.{key} is set by fedrcl's round loop: {OWNED_BY_ROUNDS[key]}")
+                raise ValueError(f"trainer.{key} is set by fedrcl's round loop: {instead}")
         for key, value in (("rounds", rounds), ("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
             if value < 1:
                 raise ValueError(f"trainer.{key} must be >= 1, got {value}")
