@@ -22,6 +22,7 @@ from fedrcl.algorithms.client_memory import PersistentClientState
 from fedrcl.federated.context import ClientContext
 from fedrcl.losses.dynamic_regularizer import dual_update, dynamic_regularizer
 from fedrcl.models.output import ModelOutput
+from fedrcl.server.client_reports import server_half
 from fedrcl.server.feddyn import FedDyn as FedDynServer
 
 
@@ -43,10 +44,7 @@ class FedDyn(PersistentClientState):
         super().setup(stage)
         if stage != "fit":  # evaluating a checkpoint needs neither the server half nor the sample counts
             return
-        self.server = self.trainer.federation.server
-        if not isinstance(self.server, FedDynServer):
-            raise ValueError(f"model FedDyn needs trainer.server fedrcl.server.FedDyn (its server half), got "
-                             f"{type(self.server).__name__}: add --config configs/methods/feddyn.yaml")
+        self.server = server_half(self, FedDynServer, "configs/methods/feddyn.yaml")
         dm = self.trainer.datamodule
         self._total_samples = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
 

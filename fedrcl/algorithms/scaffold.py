@@ -36,6 +36,7 @@ from fedrcl.algorithms.client_memory import PersistentClientState
 from fedrcl.federated.context import ClientContext
 from fedrcl.losses.control_variate import control_variate_delta, linear_term
 from fedrcl.models.output import ModelOutput
+from fedrcl.server.client_reports import server_half
 from fedrcl.server.scaffold import SCAFFOLD as ScaffoldServer
 
 
@@ -58,10 +59,7 @@ class SCAFFOLD(PersistentClientState):
         super().setup(stage)
         if stage != "fit":  # evaluating a checkpoint needs neither the server half nor the sample counts
             return
-        self.server = self.trainer.federation.server
-        if not isinstance(self.server, ScaffoldServer):
-            raise ValueError(f"model SCAFFOLD needs trainer.server fedrcl.server.SCAFFOLD (its server half), got "
-                             f"{type(self.server).__name__}: add --config configs/methods/scaffold.yaml")
+        self.server = server_half(self, ScaffoldServer, "configs/methods/scaffold.yaml")
         dm = self.trainer.datamodule
         self._total_samples = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
 

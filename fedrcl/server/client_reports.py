@@ -13,11 +13,22 @@ them over (``receive_upload``, ``fedrcl.federated.communication``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+
+def server_half(module: Any, server_type: type, overlay: str) -> Any:
+    """The run's server optimizer, checked to be ``module``'s server half (in ``setup``, so that a wrong
+    pairing stops before training); the error names ``trainer.server`` and the overlay setting both halves."""
+    server = module.trainer.federation.server
+    if not isinstance(server, server_type):
+        raise ValueError(f"model {type(module).__name__} needs trainer.server "
+                         f"fedrcl.server.{server_type.__name__} (its server half), got {type(server).__name__}: "
+                         f"add --config {overlay}")
+    return server
 
 
 def _sum_over_processes(tensor: Tensor) -> Tensor:
