@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,23 @@ def run_cli(data_root: Path, save_dir: Path, *extra: str, subcommand: str = "fit
     if subcommand == "fit":
         args += ["--trainer.rounds", str(rounds), "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3"]
     return build_cli([*args, *extra])
+
+
+def run_in_process_group(command: list[str], timeout: float, cwd: Path, env: dict) -> str:
+    """Run ``command`` in a session of its own and return its output; a hang past ``timeout`` fails the test,
+    and the whole group (Lightning's second process, Ray's workers) is ended whatever happens."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{command[:3]} did not finish in {timeout} s (hang?):\n{out[-4000:]}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, out[-6000:]
+    return out

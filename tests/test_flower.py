@@ -14,7 +14,6 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # read when flwr is import
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 pytest.importorskip("flwr", reason="Flower is an optional extra: pip install -e '.[flower]'")
 
-from conftest import REPO, run_cli  # noqa: E402
+from conftest import REPO, run_cli, run_in_process_group  # noqa: E402
 from fedrcl.analysis.runs import load_scalars  # noqa: E402
 from fedrcl.federated.sampling import sample_clients  # noqa: E402
 from fedrcl.flower.localhost import LocalDeployment  # noqa: E402
@@ -59,22 +58,9 @@ def flower_args(data_root: Path, save_dir: Path, name: str) -> list[str]:
 
 
 def run_process(command: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
-    """Run ``command`` in its own process group; on timeout or error, end the whole group (Ray's too)."""
-    proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **FLOWER_ENV}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{command[:3]} did not finish in {timeout} s:\n{out[-4000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # Ray's workers and anything else left in the group
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, out[-6000:]
-    return subprocess.CompletedProcess(command, proc.returncode, out)
+    """Run ``command`` with Flower's telemetry off, in its own process group (``run_in_process_group``)."""
+    out = run_in_process_group(command, timeout, cwd, {**os.environ, **FLOWER_ENV})
+    return subprocess.CompletedProcess(command, 0, out)
 
 
 @pytest.fixture(scope="module")

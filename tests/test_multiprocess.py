@@ -7,8 +7,6 @@ Five clients per round split 3 / 2 over the processes, so the processes run diff
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +17,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import REPO, assert_same_state, run_cli
+from conftest import REPO, assert_same_state, run_cli, run_in_process_group
 from fedrcl.data.datamodule import eval_slices
 from fedrcl.federated.aggregation import WeightedSum
 from fedrcl.federated.federation import Federation
@@ -39,16 +37,7 @@ def fit_two_processes(data_root: Path, save_dir: Path, *extra: str, rounds: int,
             "--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.enable_model_summary", "false",
             "--trainer.rounds", str(rounds), "--trainer.local_epochs", "1", *FIVE_CLIENTS, *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    # A session of its own, so that a hang kills both processes (Lightning starts the second one).
-    proc = subprocess.Popen(args, cwd=save_dir.parent, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"two-process run did not finish in {TIMEOUT_S} s (hang?):\n{output[-3000:]}")
-    assert proc.returncode == 0, output[-3000:]
+    output = run_in_process_group(args, TIMEOUT_S, save_dir.parent, env)
     assert "Starting with 2 processes" in output
     return output
 
