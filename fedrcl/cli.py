@@ -261,6 +261,17 @@ def user_error(error: BaseException) -> bool:
     return Path(last.filename).resolve().is_relative_to(package) and (last.line or "").lstrip().startswith("raise")
 
 
+def report_user_error(error: BaseException, prog: str = "fedrcl") -> bool:
+    """Print a fedrcl error (``user_error``, or data that cannot be found or fetched) as one message without
+    its traceback; ``False`` for any other error, and with ``FEDRCL_DEBUG=1``, whose traceback the caller
+    shows."""
+    if os.environ.get("FEDRCL_DEBUG") == "1" or not (isinstance(error, DataUnavailableError)
+                                                      or user_error(error)):
+        return False
+    print(f"{prog}: error: {error}\n(FEDRCL_DEBUG=1 shows where it was raised)", file=sys.stderr, flush=True)
+    return True
+
+
 def remove_failed_start(cli: Optional[FedRCLCLI]) -> None:
     """After a failure before anything was logged: delete the run folder this start made (its
     ``config.yaml``, ``split.json``, an empty event file) and a run-name folder it left empty; never a folder
@@ -327,10 +338,8 @@ def main(args: list[str] | None = None) -> None:
         raise SystemExit(stop.code) from None
     except Exception as error:
         remove_failed_start(cli)
-        if os.environ.get("FEDRCL_DEBUG") == "1" or not (isinstance(error, DataUnavailableError)
-                                                          or user_error(error)):
+        if not report_user_error(error):
             raise
-        print(f"fedrcl: error: {error}\n(FEDRCL_DEBUG=1 shows where it was raised)", file=sys.stderr)
         raise SystemExit(1) from None
 
 

@@ -81,15 +81,23 @@ def fit_args_for_seed(fit_args: list[str], config: dict[str, Any], seed: int,
 
 
 def _run_in_process(runs: dict[int, list[str]]) -> list[int]:
-    from fedrcl.cli import build_cli
+    """Each seed's fit in turn, in this process; a failed seed is reported and cleaned up as ``fedrcl fit``
+    would (a fedrcl error in one line, anything else with its traceback) and the others still run."""
+    from fedrcl.cli import FedRCLCLI, build_cli, remove_failed_start, report_user_error
 
     failed = []
     for seed, args in runs.items():
         print(f"fedrcl seeds: seed {seed}: fedrcl fit {' '.join(args)}", flush=True)
+        cli = FedRCLCLI.__new__(FedRCLCLI)
         try:
-            build_cli(["fit", *args])
-        except (Exception, SystemExit):  # a bad seed must not stop the others
-            traceback.print_exc()
+            build_cli(["fit", *args], cli)
+        except SystemExit as stop:
+            if stop.code not in (0, None):
+                failed.append(seed)
+        except Exception as error:  # noqa: BLE001 (a bad seed must not stop the others)
+            remove_failed_start(cli)
+            if not report_user_error(error, prog=f"fedrcl seeds: seed {seed}"):
+                traceback.print_exc()
             failed.append(seed)
     return failed
 

@@ -145,6 +145,17 @@ def test_repeated_seeds_are_an_error(capsys):
     assert stop.value.code == 2 and "repeated" in capsys.readouterr().err
 
 
+def test_a_failed_seed_reports_a_fedrcl_error_in_one_line(data_root, tmp_path, capsys):
+    args = [*fit_args(data_root, tmp_path, "fedrcl.algorithms.FedAvg"), "--trainer.rounds", "0"]
+    with pytest.raises(SystemExit) as stop:
+        main(["seeds", "--seeds", "0", "1", *args])  # refused by each seed's fit
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and "Traceback" not in err
+    for seed in (0, 1):
+        assert f"fedrcl seeds: seed {seed}: error: trainer.rounds must be >= 1, got 0" in err
+    assert "seeds [0, 1] failed" in err and not (tmp_path / "FedAvg").exists()
+
+
 @pytest.mark.slow
 def test_parallel_seeds_run_as_processes(data_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the children import this checkout's fedrcl

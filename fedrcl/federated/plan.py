@@ -1,8 +1,8 @@
 """The round plan: which clients this process trains in a round and how many steps each takes."""
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class RoundPlan:
     local_epochs: int
     batched: bool = False
 
-    @property
+    @cached_property
     def steps(self) -> tuple[int, ...]:
         """Local steps per client this round."""
         return tuple(s * self.local_epochs for s in self.steps_per_epoch)
@@ -50,24 +50,21 @@ class RoundPlan:
     @property
     def total_steps(self) -> int:
         """Batches in the round's stream."""
-        return self.steps[0] if self.batched else sum(self.steps)
+        return len(self._slots)
 
     def locate(self, batch_idx: int) -> ClientSlot:
         """The client slot of the ``batch_idx``-th batch of the round."""
-        starts, acc = [], 0
-        for s in self.steps[:1] if self.batched else self.steps:
-            starts.append(acc)
-            acc += s
-        if not 0 <= batch_idx < acc:
-            raise IndexError(f"batch {batch_idx} is outside the round's {acc} steps")
-        position = bisect.bisect_right(starts, batch_idx) - 1
-        step = batch_idx - starts[position]
-        per_epoch = self.steps_per_epoch[position]
-        return ClientSlot(
-            position=position,
-            client_id=self.client_ids[position],
-            step=step,
-            local_epoch=step // per_epoch,
-            first_step_of_epoch=step % per_epoch == 0,
-            last_step_of_client=step == self.steps[position] - 1,
-        )
+        if not 0 <= batch_idx < len(self._slots):
+            raise IndexError(f"batch {batch_idx} is outside the round's {len(self._slots)} steps")
+        return self._slots[batch_idx]
+
+    @cached_property
+    def _slots(self) -> tuple[ClientSlot, ...]:
+        """Every batch's slot, built once per plan (the round loop asks twice per step)."""
+        clients = range(1) if self.batched else range(len(self.client_ids))
+        return tuple(
+            ClientSlot(position=position, client_id=self.client_ids[position], step=step,
+                       local_epoch=step // self.steps_per_epoch[position],
+                       first_step_of_epoch=step % self.steps_per_epoch[position] == 0,
+                       last_step_of_client=step == self.steps[position] - 1)
+            for position in clients for step in range(self.steps[position]))
