@@ -38,8 +38,7 @@ from typing import Any, Optional
 import lightning
 import torch
 import yaml
-from jsonargparse import ActionConfigFile, ActionSubCommands, ArgumentParser, Namespace
-from jsonargparse._typehints import ActionTypeHint, get_all_subclass_paths
+from jsonargparse import ActionConfigFile, ActionSubCommands, ArgumentParser, DefaultHelpFormatter, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from fedrcl.algorithms import FedAvg
@@ -55,6 +54,7 @@ OTHER_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "seeds": ("fedrcl.seeds", "One fit per seed of a config; fedrcl report groups them (mean, std, 95% CI)."),
 }
 EVALUATIONS = ("validate", "test")
+KNOWN_SUBCLASSES = ", known subclasses: "  # how jsonargparse's --help ends a class argument's choices
 
 
 def _num_classes(dataset: str) -> int:
@@ -95,15 +95,19 @@ def selectable(class_path: str) -> bool:
                    for name in dir(cls) if not name.startswith("__"))
 
 
-def _known_subclasses(self: ActionTypeHint) -> str:
-    """jsonargparse's "known subclasses" in ``--help``, keeping the ``selectable`` ones."""
-    paths = get_all_subclass_paths(self._typehint, closed_types=False)
-    modules = "torch.nn.Module" in paths  # a backbone: fedrcl's, not every torch module imported so far
-    paths = [p for p in paths if selectable(p) and (p.startswith("fedrcl.models.") or not modules)]
-    return ", known subclasses: " + ", ".join(paths) if paths else ""
+class FedRCLHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's ``--help`` whose "known subclasses" lists keep the ``selectable`` ones (and, for a
+    backbone, fedrcl's models rather than every ``torch.nn.Module`` imported so far)."""
 
-
-ActionTypeHint.extra_help = _known_subclasses
+    def _get_help_string(self, action: Any) -> str:
+        text = super()._get_help_string(action)
+        head, found, listed = text.partition(KNOWN_SUBCLASSES)
+        if not found or not listed.endswith(")"):
+            return text
+        paths = listed[:-1].split(", ")
+        modules = "torch.nn.Module" in paths
+        paths = [p for p in paths if selectable(p) and (p.startswith("fedrcl.models.") or not modules)]
+        return head + (KNOWN_SUBCLASSES + ", ".join(paths) if paths else "") + ")"
 
 
 class ConfigFile(ActionConfigFile):
@@ -128,7 +132,13 @@ class ConfigFile(ActionConfigFile):
 
 class FedRCLParser(LightningArgumentParser):
     """Lightning's parser whose subcommand list also shows ``OTHER_SUBCOMMANDS`` (run by ``main``), without the
-    Trainer arguments the round loop sets itself (``OWNED_BY_ROUNDS``), and whose errors are a few lines."""
+    Trainer arguments the round loop sets itself (``OWNED_BY_ROUNDS``), whose help lists the classes a run
+    accepts (``FedRCLHelpFormatter``; also in jsonargparse's ``--<key>.help`` parsers, made of this class), and
+    whose errors are a few lines."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", FedRCLHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def add_lightning_class_args(self, lightning_class: Any, nested_key: str, subclass_mode: bool = False,
                                  required: bool = True) -> list[str]:

@@ -113,6 +113,15 @@ def test_fit_help_offers_only_what_a_run_accepts(fit_help):
         assert f"fedrcl.server.{base}" not in servers, base
 
 
+def test_nested_help_lists_fedrcls_backbones(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--model.help", "fedrcl.algorithms.FedAvg"])
+    backbone = capsys.readouterr().out.split("  --model.backbone BACKBONE", 1)[1]
+    backbone = backbone[:backbone.index("  --model.")]
+    assert "fedrcl.models.ResNet18" in backbone and "fedrcl.models.SmallCNN" in backbone
+    assert "torch.nn.Linear" not in backbone and "fedrcl.models.resnet.BasicBlock" not in backbone
+
+
 def test_selectable_backbones_are_fedrcls():
     from fedrcl.cli import selectable
 
