@@ -64,6 +64,20 @@ def rss_bytes() -> int:
     return 0
 
 
+def test_store_keeps_what_a_checkpoint_elsewhere_refers_to_and_forgets_on_request(tmp_path):
+    """A Flower node's store: a superseded version is deleted unless a server checkpoint refers to it
+    (``keep``); ``adopt`` with ``None`` follows a manifest in which the client has no state."""
+    store = ClientStateStore(tmp_path, max_in_memory=1)
+    state = {"w": torch.ones(3)}
+    first = store.put(4, state, round_idx=0)
+    store.keep([first])
+    second = store.put(4, state, round_idx=1)
+    third = store.put(4, state, round_idx=2)
+    assert first.is_file() and not second.exists() and third.is_file()
+    store.adopt({4: None})
+    assert store.file(4) is None and store.get(4) is None and third.is_file()
+
+
 def test_store_memory_stays_bounded_with_many_clients(tmp_path):
     """500 clients x 1 MiB of state with at most 8 in memory: the cache and the process stay small."""
     store = ClientStateStore(tmp_path / "many", max_in_memory=8)

@@ -167,13 +167,12 @@ def test_localhost_deployment_gives_fit_weights(data_root, tmp_path):
     np.testing.assert_array_equal(load_scalars(flower)["val/acc_ema"][1], load_scalars(fit)["val/acc_ema"][1])
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedrcl_fedacg", "fedproc"])
+@pytest.mark.parametrize("name", ["fedavg", "fedrcl_fedacg", "fedproc", "scaffold"])
 def test_fit_resumes_a_flower_run(runs, data_root, tmp_path, name):
     """``fedrcl fit --ckpt_path last`` continues a Flower run (FedACG: with the momentum the strategy kept;
-    FedProc: with the prototypes the server made from the clients' uploads) to round 4 with the weights of a
-    run that never stopped; ``fedrcl validate`` reads its checkpoint. (MOON's, SCAFFOLD's and FedDyn's
-    client states stay on the Flower nodes, so a resumed run of those would start its clients without
-    them.)"""
+    FedProc: with the prototypes the server made from the clients' uploads; SCAFFOLD: with the c_i files of
+    the simulation's nodes, on this machine, that the checkpoint's manifest names) to round 4 with the
+    weights of a run that never stopped; ``fedrcl validate`` reads its checkpoint."""
     model, overlays = METHODS[name]
     flower_save = tmp_path / "flower"  # a copy: resuming writes a version_1 beside the run
     shutil.copytree(runs[name][1].parents[1], flower_save)
@@ -269,12 +268,31 @@ def test_a_method_without_a_receiving_end_is_refused(data_root, tmp_path, monkey
     assert not (tmp_path / "quickstart").exists()  # nothing written
 
 
+def test_a_flower_resume_from_a_bad_checkpoint_stops_before_anything_is_written(data_root, tmp_path):
+    """``--ckpt_path`` on Flower is checked as ``fedrcl fit`` checks it: a missing file, or a checkpoint of
+    another configuration (here FedAvg's for FedRCL), stops the run naming it, before the strategy starts
+    and before the run folder is written."""
+    from fedrcl.flower.server import run_federation
+
+    args = flower_args(data_root, tmp_path / "run", "fedavg")
+    with pytest.raises(FileNotFoundError, match="no such checkpoint"):
+        run_federation(None, [*args, "--ckpt_path", str(tmp_path / "missing.ckpt")])
+    other = run_cli(data_root, tmp_path / "other", rounds=1, model="fedrcl.algorithms.FedAvg")
+    ckpt = Path(other.trainer.log_dir) / "checkpoints" / "last.ckpt"
+    fedrcl_args = flower_args(data_root, tmp_path / "run", "fedavg")
+    fedrcl_args[fedrcl_args.index("--model") + 1] = "fedrcl.algorithms.FedRCL"
+    with pytest.raises(ValueError, match="model"):
+        run_federation(None, [*fedrcl_args, "--ckpt_path", str(ckpt)])
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("name", ["moon", "scaffold", "feddyn"])
-def test_a_new_clientapp_process_finds_client_state_through_the_node_context(data_root, tmp_path, server_task,
-                                                                             name):
+def test_a_new_clientapp_process_finds_client_state_through_the_servers_manifest(data_root, tmp_path,
+                                                                                 server_task, name):
     """A SuperNode starts a new ClientApp process per message: client 9's state of round 1 (MOON's previous
-    model, SCAFFOLD's c_i, FedDyn's dual) must be found in round 2 through the node's ``Context.state`` alone,
-    giving the same weights as one process, and other weights than a node that lost it."""
+    model, SCAFFOLD's c_i, FedDyn's dual) must be found in round 2 through the file its reply named and the
+    server's next message names again, giving the same weights as one process, and other weights than a
+    message that names none."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
     from fedrcl.flower import client as flower_client
@@ -284,14 +302,14 @@ def test_a_new_clientapp_process_finds_client_state_through_the_node_context(dat
     start = build(args).model.backbone.state_dict()
     app = flower_client.make_client_app()
 
-    def train(context: Context, round_idx: int) -> dict:
-        content = RecordDict({"fedrcl.run": ConfigRecord({"args": args}),
-                              "fedrcl.round": ConfigRecord({"round_idx": round_idx, "client_id": 9}),
+    def train(context: Context, round_idx: int, state_file: str = "") -> tuple[dict, str]:
+        task = {"round_idx": round_idx, "client_id": 9, "state_file": state_file, "kept": ""}
+        content = RecordDict({"fedrcl.run": ConfigRecord({"args": args}), "fedrcl.round": ConfigRecord(task),
                               "fedrcl.sent": ArrayRecord.from_torch_state_dict(start)})
         message = Message(content, dst_node_id=1, message_type="train")
         message.metadata.__dict__["_message_id"] = f"m{round_idx}"
         reply = app(message, context)
-        return reply.content["fedrcl.weights"].to_torch_state_dict()
+        return reply.content["fedrcl.weights"].to_torch_state_dict(), reply.content["fedrcl.status"]["state_file"]
 
     def node(run: int) -> Context:
         config = {"partition-id": 9, "num-partitions": 10, "state-dir": str(tmp_path / f"state{run}")}
@@ -300,20 +318,47 @@ def test_a_new_clientapp_process_finds_client_state_through_the_node_context(dat
     results = []
     for new_process in (False, True):
         context = node(int(new_process))
-        train(context, 0)
+        _, written = train(context, 0)
+        assert Path(written).is_file() and Path(written).is_relative_to(tmp_path / f"state{int(new_process)}")
         if new_process:
             flower_client._PROCESS.clear()  # what a new process starts with
-        results.append(train(context, 1))
+        results.append(train(context, 1, written)[0])
         module = next(iter(flower_client._PROCESS.values())).module
-        assert module.store.file(9) is not None
         if name == "moon":
             assert module.has_previous
     flower_client._PROCESS.clear()
-    lost = train(node(2), 1)  # round 2 on a node without client 9's state
+    lost, _ = train(node(2), 1)  # round 2 on a node told of no state for client 9
     flower_client._PROCESS.clear()
     for key in results[0]:
         assert torch.equal(results[0][key], results[1][key]), key
     assert any(not torch.equal(results[0][k], lost[k]) for k in lost if lost[k].is_floating_point())
+
+
+@pytest.mark.slow
+def test_flower_resumes_a_flower_run_with_its_client_state(runs, data_root, tmp_path):
+    """``python -m fedrcl.flower ... --ckpt_path last`` continues the 3-round Flower runs of SCAFFOLD and MOON
+    to round 4 on Flower. Round 4's clients (4, 8, 9) all trained before, so their c_i / previous models are
+    read from the node files the checkpoint's manifest names: the final weights are those of a ``fedrcl fit``
+    run that never stopped, and round 4's scalars go to a new version folder."""
+    before = set().union(*(sample_clients(10, 3, 0, r) for r in range(ROUNDS)))
+    assert set(sample_clients(10, 3, 0, ROUNDS)) <= before
+    names, every = ["scaffold", "moon"], []
+    for name in names:
+        shutil.copytree(runs[name][1].parents[1], tmp_path / name)  # a copy: resuming writes version_1
+        args = flower_args(data_root, tmp_path / name, name)
+        args[args.index("--trainer.rounds") + 1] = str(ROUNDS + 1)
+        every.append([*args, "--ckpt_path", "last"])
+    script = ("import json, sys; from fedrcl.flower.simulation import simulate; "
+              "runs = json.loads(sys.argv[1]); simulate(runs[0], more=runs[1:])")
+    run_process([sys.executable, "-c", script, json.dumps(every)], timeout=300, cwd=tmp_path)
+    for name in names:
+        model, overlays = METHODS[name]
+        run_cli(data_root, tmp_path / "straight" / name, *overlays, rounds=ROUNDS + 1, model=model)
+        resumed = tmp_path / name / "quickstart" / "version_1"
+        a, b = last_weights(resumed), last_weights(tmp_path / "straight" / name / "quickstart" / "version_0")
+        for key in b:
+            assert torch.equal(a[key], b[key]), f"{name}: {key}"
+        assert load_scalars(resumed)["val/acc"][0].tolist() == [ROUNDS + 1]
 
 
 @pytest.mark.slow

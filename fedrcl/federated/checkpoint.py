@@ -153,11 +153,14 @@ class RoundCheckpoint(ModelCheckpoint):
             warnings.filterwarnings("ignore", message="The dirpath has changed")
             super().load_state_dict(state_dict)
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def due(self, trainer: L.Trainer) -> bool:
+        """Whether the end of the current round writes a checkpoint."""
         done = trainer.current_epoch + 1
-        if self._should_skip_saving_checkpoint(trainer):
-            return
-        if done % self._every_n_epochs == 0 or done == trainer.max_epochs or stopped_after_round(trainer):
+        return not self._should_skip_saving_checkpoint(trainer) and (
+            done % self._every_n_epochs == 0 or done == trainer.max_epochs or stopped_after_round(trainer))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.due(trainer):
             log_round(trainer)
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)

@@ -91,14 +91,23 @@ class ClientStateStore:
         self._remember(client_id, cpu)
         return path
 
-    def adopt(self, files: Mapping[int, Union[str, Path]]) -> None:
-        """Follow versions that another process wrote (client -> file): later reads of those clients read
-        them (cached copies are dropped). The writer deletes the versions they supersede."""
+    def adopt(self, files: Mapping[int, Optional[Union[str, Path]]]) -> None:
+        """Follow versions that another process wrote (client -> file; ``None``: the client has no state):
+        later reads of those clients read them (cached copies are dropped). The writer deletes the versions
+        they supersede."""
         for client_id, path in files.items():
-            self._files[int(client_id)] = Path(path)
+            if path is None:
+                self._files.pop(int(client_id), None)
+            else:
+                self._files[int(client_id)] = Path(path)
             dropped = self._cache.pop(int(client_id), None)
             if dropped is not None:
                 self.bytes_in_memory -= state_nbytes(dropped)
+
+    def keep(self, paths: Iterable[Union[str, Path]]) -> None:
+        """Versions that a checkpoint kept elsewhere refers to (a Flower server's, whose nodes hold the
+        files): this store never deletes them."""
+        self._committed.update(Path(p) for p in paths)
 
     def get(self, client_id: int, device: Optional[torch.device] = None) -> Optional[dict[str, Tensor]]:
         """Client ``client_id``'s state (``None`` if it has none), on ``device`` (default CPU).

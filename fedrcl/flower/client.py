@@ -19,9 +19,13 @@ data). Messages:
 The module, data and optimizer are built once per process and run (``_local_update``), never per client.
 Per-client state (MOON's previous model, SCAFFOLD's ``c_i``, FedDyn's dual) stays on the node: the
 algorithm's ``ClientStateStore`` writes its files under the node's ``state-dir`` (default: a folder of the
-run under the system's temp folder), and the node's Flower ``Context.state`` keeps which file is each
-client's current one, so a new ClientApp process (a SuperNode starts one per message; the simulation may
-use several) reads the right file.
+Flower run and the fedrcl arguments under the system's temp folder; set it to a lasting folder for runs
+resumed after a restart). The server is told which file is each client's current one (``state_file`` in
+the reply's ``fedrcl.status``) and keeps that manifest in its checkpoints, as ``fedrcl fit`` does; each
+``train`` message names the client's current file (``fedrcl.round``'s ``state_file``, empty: none) and the
+one the server's newest checkpoint refers to (``kept``, never deleted by the node). So a new ClientApp
+process (a SuperNode starts one per message) reads the right file, and a run resumed from a checkpoint,
+on Flower or with ``fedrcl fit`` on the same machine, reads the files as of that checkpoint.
 """
 from __future__ import annotations
 
@@ -36,7 +40,6 @@ from fedrcl.federated.client_state import ClientStateStore
 from fedrcl.federated.local_update import LocalUpdate
 from fedrcl.flower.config import build, client_args
 
-_STATE_KEY = "fedrcl.client_state"
 _PROCESS: dict[tuple, LocalUpdate] = {}  # this process's client machinery, per (run, args, state dir)
 
 
@@ -57,8 +60,9 @@ def node_args(message: Message, context: Context) -> list[str]:
 
 
 def _local_update(context: Context, args: list[str]) -> LocalUpdate:
-    default = Path(tempfile.gettempdir()) / "fedrcl-flower" / f"run{context.run_id}"
-    state_dir = str(context.node_config.get("state-dir", default))
+    run = f"{zlib.crc32(' '.join(args).encode()):08x}"  # several fedrcl runs may share one Flower run
+    base = Path(str(context.node_config.get("state-dir", Path(tempfile.gettempdir()) / "fedrcl-flower")))
+    state_dir = str(base / f"run{context.run_id}" / run)
     key = (context.run_id, tuple(args), state_dir)
     if key not in _PROCESS:
         _PROCESS.clear()  # a new run: drop the previous run's model and data
@@ -88,23 +92,22 @@ def make_client_app() -> ClientApp:
             raise ValueError(f"client {client_id} is not served by this node ({dict(context.node_config)})")
         store = getattr(update.module, "store", None)
         store = store if isinstance(store, ClientStateStore) else None
-        state_key = f"{_STATE_KEY}.{zlib.crc32(' '.join(args).encode()):08x}"  # per fedrcl run
-        manifest = context.state.get(state_key, ConfigRecord())
-        known = manifest.get(str(client_id))
-        if store is not None and known is not None and str(store.file(client_id)) != known:
-            store.adopt({client_id: known})  # written by another process of this node
+        if store is not None:  # the server's manifest: this client's current file, and the checkpointed one
+            current = str(task.get("state_file", "")) or None
+            if current != (None if store.file(client_id) is None else str(store.file(client_id))):
+                store.adopt({client_id: current})
+            store.keep([str(task["kept"])] if task.get("kept") else [])
         extras = {name: message.content[f"fedrcl.{name}"].to_torch_state_dict()
                   for name in ("broadcast", "download") if f"fedrcl.{name}" in message.content}
         sent = message.content["fedrcl.sent"].to_torch_state_dict()
         result = update.run(round_idx, client_id, sent, **extras)
-        if store is not None and store.file(client_id) is not None:
-            manifest[str(client_id)] = str(store.file(client_id))
-            context.state[state_key] = manifest
+        written = store.file(client_id) if store is not None else None
         content = RecordDict({
             "fedrcl.weights": ArrayRecord.from_torch_state_dict(result.weights),
             "fedrcl.upload": ArrayRecord.from_torch_state_dict(result.upload),
             "fedrcl.train": MetricRecord({"client_id": client_id, "steps": result.steps, **result.loss_sums}),
-            "fedrcl.status": ConfigRecord({"failure": result.failure or ""}),
+            "fedrcl.status": ConfigRecord({"failure": result.failure or "",
+                                           "state_file": "" if written is None else str(written)}),
         })
         return Message(content, reply_to=message)
 

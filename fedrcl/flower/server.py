@@ -8,10 +8,14 @@ scalars go to the config's logger with the round as the step (``train/loss*``, `
 ``time/round_seconds``, fedrcl's ``comm/*`` and ``time/*`` ledger, and ``flower/down_bytes`` /
 ``flower/up_bytes``, the bytes Flower's ArrayRecords carried); checkpoints are written every
 ``trainer.checkpoint_every`` rounds and after the last one. The run folder holds ``config.yaml`` and
-``split.json`` as ``fedrcl fit`` writes them.
+``split.json`` as ``fedrcl fit`` writes them. ``--ckpt_path PATH`` (or ``last``) among the arguments resumes a
+run from a checkpoint of a Flower run or of ``fedrcl fit`` (``resumable``, ``resume``): the checks of ``fedrcl fit``,
+then global weights, server memory, accuracy EMA, byte ledger and the client-state manifest are restored,
+the rounds go on from the next one, and the scalars go to a new version folder of the run.
 """
 from __future__ import annotations
 
+import os
 import time
 from logging import WARNING
 from collections.abc import Sequence
@@ -26,9 +30,12 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 from fedrcl.data.datamodule import EvalBatches
+from fedrcl.federated.checkpoint import (RoundCheckpoint, check_configuration, check_rounds, find_resumable,
+                                         read_checkpoint)
 from fedrcl.federated.federation import Federation, load_state_
+from fedrcl.federated.fingerprint import run_fingerprint
 from fedrcl.federated.local_update import attach
-from fedrcl.flower.config import Args, as_args, build, run_args
+from fedrcl.flower.config import Args, build, run_args, split_ckpt_path
 from fedrcl.flower.strategy import FedrclStrategy
 
 
@@ -72,26 +79,57 @@ def evaluate(module, datamodule) -> float:
     return acc
 
 
-def save_round(trainer, module, round_idx: int, steps: int) -> None:
+def save_round(trainer, module, round_idx: int, steps: int) -> bool:
     """Mark round ``round_idx`` done in the trainer's loop state (``global_step``: the clients' local steps so
     far), then let ``RoundCheckpoint`` write its files as at the end of a ``fedrcl fit`` round (while
-    ``trainer.current_epoch`` is the round's index), so ``--ckpt_path last`` reads them."""
+    ``trainer.current_epoch`` is the round's index), so ``--ckpt_path last`` reads them. Returns whether a
+    round checkpoint was written."""
     loop = trainer.fit_loop
     loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total.completed = steps
     progresses = (loop.epoch_progress.current, loop.epoch_progress.total)
     for progress in progresses:
         progress.ready = progress.started = progress.processed = round_idx + 1
         progress.completed = round_idx
+    written = any(isinstance(c, RoundCheckpoint) and c.due(trainer) for c in trainer.checkpoint_callbacks)
     for callback in trainer.checkpoint_callbacks:
         callback.on_train_epoch_end(trainer, module)
     for progress in progresses:
         progress.completed = round_idx + 1
+    return written
+
+
+def resumable(trainer, module, datamodule, ckpt_path: str) -> str:
+    """The checkpoint ``--ckpt_path`` names (``last``: the run name's newest usable one), checked as ``fedrcl
+    fit --ckpt_path`` checks it, before anything is loaded or written: refused, naming the keys, if it is
+    another configuration's or holds more rounds than ``trainer.rounds``."""
+    allow = trainer.federation.allow_changes
+    fingerprint = run_fingerprint(trainer, module, datamodule)
+    path = find_resumable(trainer, fingerprint, allow) if ckpt_path == "last" else ckpt_path
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--ckpt_path {path}: no such checkpoint file")
+    check_configuration(path, fingerprint, allow)
+    check_rounds(path, trainer.max_epochs)
+    return path
+
+
+def resume(trainer, module, path: str) -> tuple[int, int]:
+    """Load checkpoint ``path`` into the server's objects as ``fedrcl fit`` resumes: the module (global
+    weights, accuracy EMA, client-state manifest) and the federation (server memory, ledger, resume
+    segments). Returns the next round's index and the local steps so far. Read with ``weights_only``, never
+    executed."""
+    checkpoint = read_checkpoint(path)
+    module.load_state_dict(checkpoint["state_dict"])
+    module.on_load_checkpoint(checkpoint)
+    federation = trainer.federation
+    federation.load_state_dict(checkpoint["callbacks"][federation.state_key])
+    federation.on_train_start(trainer, module)  # a new segment if resume_allow_changes changed keys
+    return int(checkpoint["epoch"]) + 1, int(checkpoint["global_step"])
 
 
 def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: float = 600.0):
     """Run fedrcl's federation ``args`` over ``grid``; returns the CLI objects (``cli.model`` holds the final
     global model) and the strategy."""
-    args = as_args(args)
+    args, ckpt_path = split_ckpt_path(args)
     cli = build(args)
     module, dm, trainer = cli.model, cli.datamodule, cli.trainer
     why = unsupported(module, trainer)
@@ -100,19 +138,23 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     ignored = not_run(trainer)
     if ignored:
         log(WARNING, "fedrcl.flower does not run these trainer.callbacks: %s", ", ".join(ignored))
+    path = resumable(trainer, module, dm, ckpt_path) if ckpt_path is not None else None  # before any write
     attach(trainer, module, dm)
+    trainer.state.fn, trainer.state.stage = TrainerFn.FITTING, RunningStage.TRAINING
+    federation = trainer.federation
+    federation.setup(trainer, module, "fit")  # the resume fingerprint kept in checkpoints
+    first_round, steps = resume(trainer, module, path) if path is not None else (0, 0)
     for callback in trainer.callbacks:
         if isinstance(callback, SaveConfigCallback):
             callback.setup(trainer, module, "fit")  # config.yaml, as fedrcl fit writes it
     dm._export_split()  # split.json
-    trainer.state.fn, trainer.state.stage = TrainerFn.FITTING, RunningStage.TRAINING
     for callback in trainer.checkpoint_callbacks:
         callback.setup(trainer, module, "fit")
-    federation = trainer.federation
-    federation.setup(trainer, module, "fit")  # the resume fingerprint kept in checkpoints
     strategy = FedrclStrategy(federation.server, [dm.client_num_samples(k) for k in range(dm.num_clients)],
-                              federation.clients_per_round, federation.seed, node_wait=node_wait, algorithm=module,
-                              run_args=args, ledger=federation.ledger)
+                              federation.clients_per_round, federation.seed, first_round=first_round,
+                              node_wait=node_wait, algorithm=module, run_args=args, ledger=federation.ledger)
+    strategy.steps = steps
+    strategy.kept = strategy.manifest()  # a resumed run's checkpoint refers to these files
     loggers = [getattr(lg.log_metrics, "__wrapped__", lg.log_metrics) for lg in trainer.loggers]
     started = [time.perf_counter()]
 
@@ -132,12 +174,13 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
         ledger.update({f"flower/{d}_bytes": float(n) for d, n in strategy.payload.items()})
         for log_metrics in loggers:  # before the round's checkpoint, as fedrcl fit does
             log_metrics({**metrics, **ledger}, step=round_idx + 1)
-        save_round(trainer, module, round_idx, strategy.steps)
+        if save_round(trainer, module, round_idx, strategy.steps):
+            strategy.kept = strategy.manifest()
         started[0] = time.perf_counter()
         return MetricRecord({k: float(v) for k, v in metrics.items()})
 
     strategy.start(grid, ArrayRecord.from_torch_state_dict(module.backbone.state_dict()),
-                   num_rounds=trainer.max_epochs, timeout=timeout, evaluate_fn=end_of_round)
+                   num_rounds=trainer.max_epochs - first_round, timeout=timeout, evaluate_fn=end_of_round)
     for logger in trainer.loggers:
         logger.finalize("success")
     return cli, strategy

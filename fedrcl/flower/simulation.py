@@ -5,7 +5,8 @@
 Runs ``make_server_app(args)`` and ``make_client_app()`` with ``flwr.simulation.run_simulation``, one
 virtual SuperNode per fedrcl client (``--num-supernodes N`` groups the clients into N nodes), each Ray
 actor with ``--cpus-per-client`` CPUs (default: all of them, so one actor trains the round's clients one
-after another, as ``fedrcl fit`` does). Writes the run folder ``fedrcl fit`` would write.
+after another, as ``fedrcl fit`` does). Writes the run folder ``fedrcl fit`` would write; ``--ckpt_path
+last`` (or a file) resumes a run from its checkpoint, as ``fedrcl fit --ckpt_path`` does.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import Optional
 
-from fedrcl.flower.config import Args, as_args, build
+from fedrcl.flower.config import Args, as_args, build, split_ckpt_path
 
 
 def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: Optional[float] = None,
@@ -29,7 +30,7 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
 
     args = as_args(args)
     if num_supernodes is None:
-        num_supernodes = build([*args, "--trainer.logger", "false"]).datamodule.num_clients
+        num_supernodes = build([*split_ckpt_path(args)[0], "--trainer.logger", "false"]).datamodule.num_clients
     resources = {"num_cpus": cpus_per_client or os.cpu_count() or 1, "num_gpus": 0.0}
     server_app = make_server_app(args, timeout=round_timeout, more=[as_args(m) for m in more])
     run_simulation(server_app, make_client_app(), num_supernodes=num_supernodes,

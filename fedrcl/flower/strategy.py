@@ -16,7 +16,11 @@ Per round (``server_round`` 1-based, fedrcl's ``round_idx`` = ``first_round + se
   and the algorithm's ``end_server_round`` follows it (``fedrcl.federated.communication``).
 
 The server optimizer's memory (momenta) lives in the strategy between rounds; ``ledger`` counts fedrcl's
-bytes and seconds, and ``payload`` the bytes Flower carried (``ArrayRecord.count_bytes``).
+bytes and seconds, and ``payload`` the bytes Flower carried (``ArrayRecord.count_bytes``). For methods with
+per-client state, the algorithm's ``ClientStateStore`` on the server holds the manifest (client -> the file
+on its node, from each reply's ``state_file``) that checkpoints keep; each ``train`` message names the
+client's current file and the one the newest checkpoint refers to (``kept``), so that nodes never delete
+what a resume needs (``fedrcl.flower.client``).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedrcl.federated.aggregation import WeightedSum
+from fedrcl.federated.client_state import ClientStateStore
 from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.context import ClientContext
 from fedrcl.federated.divergence import DivergenceError, all_finite, divergence_message
@@ -101,6 +106,15 @@ class FedrclStrategy(Strategy):
         self.steps = 0  # local steps of every client so far (Lightning's global_step in fedrcl fit)
         self._sent: dict[str, torch.Tensor] = {}
         self._down: dict[int, dict[str, dict[str, torch.Tensor]]] = {}  # client -> its extras, by record
+        store = getattr(algorithm, "store", None)
+        self.store = store if isinstance(store, ClientStateStore) else None  # the client-state manifest
+        self.kept: dict[int, str] = {}  # client -> its file in the newest checkpoint's manifest
+
+    def manifest(self) -> dict[int, str]:
+        """Client -> its current state file on its node (methods with per-client state; else empty)."""
+        if self.store is None:
+            return {}
+        return {k: str(self.store.file(k)) for k in range(len(self.num_samples)) if self.store.file(k) is not None}
 
     def round_idx(self, server_round: int) -> int:
         return self.first_round + server_round - 1
@@ -149,8 +163,12 @@ class FedrclStrategy(Strategy):
             for name, tensors in extras.items():
                 records[f"fedrcl.{name}"] = ArrayRecord.from_torch_state_dict(tensors)
             self.payload["down"] += sum(record.count_bytes() for record in records.values())
+            task = {"round_idx": round_idx, "client_id": client}
+            if self.store is not None:
+                current = self.store.file(client)
+                task.update(state_file="" if current is None else str(current), kept=self.kept.get(client, ""))
             content = RecordDict({**records, "fedrcl.run": self._run_record(),
-                                  "fedrcl.round": ConfigRecord({"round_idx": round_idx, "client_id": client})})
+                                  "fedrcl.round": ConfigRecord(task)})
             self._messages.append(Message(content, dst_node_id=self.nodes[client], message_type="train",
                                           group_id=str(server_round)))
         return self._messages
@@ -187,8 +205,11 @@ class FedrclStrategy(Strategy):
             uploaded = reply.content["fedrcl.upload"] if "fedrcl.upload" in reply.content else ArrayRecord()
             self.payload["up"] += record.count_bytes() + uploaded.count_bytes()
             weights, upload = record.to_torch_state_dict(), uploaded.to_torch_state_dict()
-            if reply.content["fedrcl.status"]["failure"]:
-                failures[client] = str(reply.content["fedrcl.status"]["failure"])
+            status = reply.content["fedrcl.status"]
+            if status["failure"]:
+                failures[client] = str(status["failure"])
+            if self.store is not None and status.get("state_file"):
+                self.store.adopt({client: str(status["state_file"])})
             context = self._context(round_idx, client)
             self.ledger.count_client(self._sent, weights, Carried(self._down[client], upload), None, context)
             if hasattr(self.algorithm, "receive_upload"):  # the server half takes it, as in one process
