@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,11 @@ def test_max_time_stops_on_a_whole_round_that_resumes_exactly(data_root, tmp_pat
     assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt", "round0000.ckpt"]
     checkpoint = torch.load(folder / "last.ckpt", weights_only=True)
     assert checkpoint["epoch"] == 0 and training_seconds(checkpoint) > 0
-    resumed = run_cli(data_root, tmp_path / "a", "--ckpt_path", str(folder / "last.ckpt"), rounds=3, model=FEDAVG)
+    with warnings.catch_warnings(record=True) as caught:  # resumed without a time limit: no Timer needed
+        warnings.simplefilter("always")
+        resumed = run_cli(data_root, tmp_path / "a", "--ckpt_path", str(folder / "last.ckpt"), rounds=3,
+                          model=FEDAVG)
+    assert not [w for w in caught if "Timer" in str(w.message)]
     full = run_cli(data_root, tmp_path / "full", rounds=3, model=FEDAVG)
     assert resumed.trainer.current_epoch == full.trainer.current_epoch == 3
     assert_same_state(full.model.state_dict(), resumed.model.state_dict())

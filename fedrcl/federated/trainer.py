@@ -1,6 +1,7 @@
 """FederatedTrainer: Lightning's Trainer with rounds, clients and a server optimizer."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal, Optional
 
 import lightning as L
@@ -121,7 +122,10 @@ class FederatedTrainer(L.Trainer):
             ckpt_path = find_resumable(self, fingerprint, allow) if ckpt_path == "last" else ckpt_path
             check_configuration(ckpt_path, fingerprint, allow)
             check_rounds(ckpt_path, self.rounds)
-        super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
+        with warnings.catch_warnings():
+            # A run stopped by its trainer.max_time and resumed without one: its Timer's state is not needed.
+            warnings.filterwarnings("ignore", message=r".*add the following callbacks: \['Timer'\]")
+            super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
         stop = preempted(self)
         if stop is not None:  # exit status 128 + signal, after the round's checkpoint
             raise stop
