@@ -164,20 +164,20 @@ def main() -> None:
         print(f"Python own time of {label} per round (kernels excluded): old {own['old']:.1f} ms, "
               f"new {own['new']:.1f} ms")
 
-    print(f"\nOwn time per round, largest changes (ms; calls per round):")
+    print("\nOwn time per round, largest changes (ms; calls per round):")
     print(f"{'old':>9} {'new':>9} {'change':>9} {'calls':>8}  function")
     keys = sorted(set(old) | set(new), key=lambda k: -abs(new[k]["own"] - old[k]["own"]))
     for key in keys[:args.top]:
         o, n = old[key]["own"] * 1e3, new[key]["own"] * 1e3
         print(f"{o:9.2f} {n:9.2f} {n - o:+9.2f} {new[key]['calls']:8.0f}  {key}")
 
-    print(f"\nfedrcl's and Lightning's own time per round, largest first (ms; calls per round):")
+    print("\nfedrcl's and Lightning's own time per round, largest first (ms; calls per round):")
     print(f"{'old':>9} {'new':>9} {'calls':>8}  function")
     mine = [k for k in new if k.startswith(("fedrcl/", "lightning/"))]
     for key in sorted(mine, key=lambda k: -new[k]["own"])[:args.top]:
         print(f"{old[key]['own'] * 1e3:9.2f} {new[key]['own'] * 1e3:9.2f} {new[key]['calls']:8.0f}  {key}")
 
-    print(f"\nThe framework's functions by cumulative time per round (ms), new against old, with callers:")
+    print("\nThe framework's functions by cumulative time per round (ms), new against old, with callers:")
     print(f"{'old':>9} {'new':>9} {'change':>9}  function  <- callers (new, ms)")
     framework = [k for k in set(old) | set(new) if k.startswith(FRAMEWORK)]
     for key in sorted(framework, key=lambda k: -abs(new[k]["cum"] - old[k]["cum"]))[:args.top]:

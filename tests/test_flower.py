@@ -275,7 +275,7 @@ def test_a_flower_resume_from_a_bad_checkpoint_stops_before_anything_is_written(
     from fedrcl.flower.server import run_federation
 
     args = flower_args(data_root, tmp_path / "run", "fedavg")
-    with pytest.raises(FileNotFoundError, match="no such checkpoint"):
+    with pytest.raises(FileNotFoundError, match="missing.ckpt: no such file"):
         run_federation(None, [*args, "--ckpt_path", str(tmp_path / "missing.ckpt")])
     other = run_cli(data_root, tmp_path / "other", rounds=1, model="fedrcl.algorithms.FedAvg")
     ckpt = Path(other.trainer.log_dir) / "checkpoints" / "last.ckpt"

@@ -33,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from fedrcl.federated.deadline import stopped_after_round
 from fedrcl.federated.divergence import all_finite
-from fedrcl.federated.fingerprint import allowed, compare, refused_changes
+from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
 
 
 def _is_local(path: Any) -> bool:
@@ -234,6 +234,20 @@ def check_rounds(path: str, rounds: int) -> None:
     if done > rounds:
         raise ValueError(f"trainer.rounds={rounds}, but checkpoint {path} has already trained {done} rounds: "
                          f"set trainer.rounds to {done} or more")
+
+
+def resume_path(trainer: L.Trainer, model: L.LightningModule, datamodule: Any, ckpt_path: str) -> str:
+    """The checkpoint ``--ckpt_path`` resumes from (``last``: ``find_resumable``), checked before anything is
+    loaded: a local file that is missing or unreadable (``check_readable``), another configuration's
+    (``check_configuration``) or one with more rounds than ``trainer.rounds`` (``check_rounds``) raises,
+    naming it. ``fedrcl fit``'s and a Flower run's resume both go through here."""
+    allow = trainer.federation.allow_changes
+    fingerprint = run_fingerprint(trainer, model, datamodule)
+    path = find_resumable(trainer, fingerprint, allow) if ckpt_path == "last" else ckpt_path
+    check_readable(path)
+    check_configuration(path, fingerprint, allow)
+    check_rounds(path, trainer.max_epochs)
+    return path
 
 
 def find_resumable(trainer: L.Trainer, fingerprint: Mapping[str, Any], allow: tuple[str, ...] = (),

@@ -8,8 +8,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from fedrcl.federated.checkpoint import (RoundCheckpoint, check_configuration, check_rounds, find_resumable,
-                                         with_atomic_checkpoint_io)
+from fedrcl.federated.checkpoint import RoundCheckpoint, find_resumable, resume_path, with_atomic_checkpoint_io
 from fedrcl.federated.batched import ClientBatching
 from fedrcl.federated.deadline import round_timer
 from fedrcl.federated.federation import Federation
@@ -118,10 +117,7 @@ class FederatedTrainer(L.Trainer):
         (``fedrcl.federated.checkpoint.find_resumable``); a checkpoint of another configuration is refused
         before anything is loaded. A stop signal ends the run after its round (``Preempted``)."""
         if ckpt_path is not None:
-            fingerprint, allow = run_fingerprint(self, model, datamodule), self.federation.allow_changes
-            ckpt_path = find_resumable(self, fingerprint, allow) if ckpt_path == "last" else ckpt_path
-            check_configuration(ckpt_path, fingerprint, allow)
-            check_rounds(ckpt_path, self.rounds)
+            ckpt_path = resume_path(self, model, datamodule, ckpt_path)
         with warnings.catch_warnings():
             # A run stopped by its trainer.max_time and resumed without one: its Timer's state is not needed.
             warnings.filterwarnings("ignore", message=r".*add the following callbacks: \['Timer'\]")

@@ -9,13 +9,12 @@ scalars go to the config's logger with the round as the step (``train/loss*``, `
 ``flower/up_bytes``, the bytes Flower's ArrayRecords carried); checkpoints are written every
 ``trainer.checkpoint_every`` rounds and after the last one. The run folder holds ``config.yaml`` and
 ``split.json`` as ``fedrcl fit`` writes them. ``--ckpt_path PATH`` (or ``last``) among the arguments resumes a
-run from a checkpoint of a Flower run or of ``fedrcl fit`` (``resumable``, ``resume``): the checks of ``fedrcl fit``,
+run from a checkpoint of a Flower run or of ``fedrcl fit`` (``resume``): the checks of ``fedrcl fit``,
 then global weights, server memory, accuracy EMA, byte ledger and the client-state manifest are restored,
 the rounds go on from the next one, and the scalars go to a new version folder of the run.
 """
 from __future__ import annotations
 
-import os
 import time
 from logging import WARNING
 from collections.abc import Sequence
@@ -30,10 +29,8 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 from fedrcl.data.datamodule import EvalBatches
-from fedrcl.federated.checkpoint import (RoundCheckpoint, check_configuration, check_rounds, find_resumable,
-                                         read_checkpoint)
+from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint, resume_path
 from fedrcl.federated.federation import Federation, load_state_
-from fedrcl.federated.fingerprint import run_fingerprint
 from fedrcl.federated.local_update import attach
 from fedrcl.flower.config import Args, build, run_args, split_ckpt_path
 from fedrcl.flower.strategy import FedrclStrategy
@@ -98,20 +95,6 @@ def save_round(trainer, module, round_idx: int, steps: int) -> bool:
     return written
 
 
-def resumable(trainer, module, datamodule, ckpt_path: str) -> str:
-    """The checkpoint ``--ckpt_path`` names (``last``: the run name's newest usable one), checked as ``fedrcl
-    fit --ckpt_path`` checks it, before anything is loaded or written: refused, naming the keys, if it is
-    another configuration's or holds more rounds than ``trainer.rounds``."""
-    allow = trainer.federation.allow_changes
-    fingerprint = run_fingerprint(trainer, module, datamodule)
-    path = find_resumable(trainer, fingerprint, allow) if ckpt_path == "last" else ckpt_path
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"--ckpt_path {path}: no such checkpoint file")
-    check_configuration(path, fingerprint, allow)
-    check_rounds(path, trainer.max_epochs)
-    return path
-
-
 def resume(trainer, module, path: str) -> tuple[int, int]:
     """Load checkpoint ``path`` into the server's objects as ``fedrcl fit`` resumes: the module (global
     weights, accuracy EMA, client-state manifest) and the federation (server memory, ledger, resume
@@ -138,7 +121,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     ignored = not_run(trainer)
     if ignored:
         log(WARNING, "fedrcl.flower does not run these trainer.callbacks: %s", ", ".join(ignored))
-    path = resumable(trainer, module, dm, ckpt_path) if ckpt_path is not None else None  # before any write
+    path = resume_path(trainer, module, dm, ckpt_path) if ckpt_path is not None else None  # before any write
     attach(trainer, module, dm)
     trainer.state.fn, trainer.state.stage = TrainerFn.FITTING, RunningStage.TRAINING
     federation = trainer.federation
