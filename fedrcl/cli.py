@@ -297,17 +297,28 @@ def remove_failed_start(cli: Optional[FedRCLCLI]) -> None:
             folder.parent.rmdir()
 
 
+def split_ckpt_path(args: list[str]) -> tuple[list[str], Optional[str]]:
+    """``fedrcl fit``'s ``--ckpt_path PATH`` (or ``last``) taken out of ``args``: the arguments that build the
+    run, and the checkpoint it resumes from (``None``: a new run)."""
+    rest, ckpt_path = [], None
+    i = 0
+    while i < len(args):
+        if args[i] == "--ckpt_path":
+            if i + 1 == len(args):
+                raise ValueError("--ckpt_path needs a value: a checkpoint file or last")
+            ckpt_path, i = args[i + 1], i + 2
+            continue
+        if args[i].startswith("--ckpt_path="):
+            ckpt_path = args[i].split("=", 1)[1]
+        else:
+            rest.append(args[i])
+        i += 1
+    return rest, ckpt_path
+
+
 def resume_command(argv: list[str]) -> str:
     """The command line that resumes ``fedrcl <argv>``: the same arguments, ``--ckpt_path last``."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--ckpt_path":
-            skip = True
-        elif not arg.startswith("--ckpt_path="):
-            kept.append(arg)
-    return shlex.join(["fedrcl", *kept, "--ckpt_path", "last"])
+    return shlex.join(["fedrcl", *split_ckpt_path(argv)[0], "--ckpt_path", "last"])
 
 
 def build_cli(args: list[str] | None = None, cli: Optional[FedRCLCLI] = None) -> FedRCLCLI:

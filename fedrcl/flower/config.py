@@ -28,25 +28,6 @@ def as_args(args: Args) -> list[str]:
     return shlex.split(args) if isinstance(args, str) else list(args)
 
 
-def split_ckpt_path(args: Args) -> tuple[list[str], Optional[str]]:
-    """``fedrcl fit``'s ``--ckpt_path PATH`` (or ``last``) taken out of ``args``: the arguments that build the
-    run, and the checkpoint it resumes from (``None``: a new run)."""
-    rest, ckpt_path, args = [], None, as_args(args)
-    i = 0
-    while i < len(args):
-        if args[i] == "--ckpt_path":
-            if i + 1 == len(args):
-                raise ValueError("--ckpt_path needs a value: a checkpoint file or last")
-            ckpt_path, i = args[i + 1], i + 2
-            continue
-        if args[i].startswith("--ckpt_path="):
-            ckpt_path = args[i].split("=", 1)[1]
-        else:
-            rest.append(args[i])
-        i += 1
-    return rest, ckpt_path
-
-
 def build(args: Args) -> FedRCLCLI:
     """Parse and instantiate ``fedrcl fit``'s objects from ``args``; ``cli.model``, ``cli.datamodule``,
     ``cli.trainer``, ``cli.config`` (the parsed config) and ``cli.parser`` (to dump it)."""

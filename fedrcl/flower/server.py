@@ -28,11 +28,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
+from fedrcl.cli import split_ckpt_path
 from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint, resume_path
 from fedrcl.federated.federation import Federation, load_state_
 from fedrcl.federated.local_update import attach
-from fedrcl.flower.config import Args, build, run_args, split_ckpt_path
+from fedrcl.flower.config import Args, as_args, build, run_args
 from fedrcl.flower.strategy import FedrclStrategy
 
 
@@ -112,7 +113,7 @@ def resume(trainer, module, path: str) -> tuple[int, int]:
 def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: float = 600.0):
     """Run fedrcl's federation ``args`` over ``grid``; returns the CLI objects (``cli.model`` holds the final
     global model) and the strategy."""
-    args, ckpt_path = split_ckpt_path(args)
+    args, ckpt_path = split_ckpt_path(as_args(args))
     cli = build(args)
     module, dm, trainer = cli.model, cli.datamodule, cli.trainer
     why = unsupported(module, trainer)

@@ -15,7 +15,8 @@ import os
 from collections.abc import Sequence
 from typing import Optional
 
-from fedrcl.flower.config import Args, as_args, build, split_ckpt_path
+from fedrcl.cli import split_ckpt_path
+from fedrcl.flower.config import Args, as_args, build
 
 
 def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: Optional[float] = None,
