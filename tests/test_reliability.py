@@ -308,6 +308,25 @@ def test_store_deletes_a_file_only_when_no_checkpoint_refers_to_it(tmp_path):
     assert (tmp_path / "state" / "client00000_round00001.safetensors").exists()  # round0001.ckpt's
 
 
+
+def test_store_reads_each_checkpoint_once_per_version(tmp_path, monkeypatch):
+    """Each manifest taken reads only the checkpoints written since the last one, not every one of the run."""
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    store = ClientStateStore(tmp_path / "state", checkpoint_dirs=[ckpts])
+    reads = []
+    load = torch.load
+    monkeypatch.setattr(torch, "load", lambda f, *a, **kw: reads.append(Path(f).name) or load(f, *a, **kw))
+    for round_idx in range(4):
+        store.put(0, {"w": torch.full((2,), float(round_idx))}, round_idx=round_idx)
+        torch.save({"client_state": store.state_dict()}, ckpts / f"round{round_idx:04d}.ckpt")
+    assert reads == ["round0000.ckpt", "round0001.ckpt", "round0002.ckpt"]   # each read once, when new
+    torch.save({"client_state": {"files": {}}}, ckpts / "round0000.ckpt")    # rewritten: read again
+    store.put(0, {"w": torch.zeros(2)}, round_idx=4)
+    store.state_dict()
+    assert sorted(reads[3:]) == ["round0000.ckpt", "round0003.ckpt"]
+    assert not (tmp_path / "state" / "client00000_round00000.safetensors").exists()  # no longer referenced
+
 # -- preemption --------------------------------------------------------------------------------------------
 SIGTERM_IN_ROUND_2 = ("--trainer.callbacks+=faults.SignalAt", "--trainer.callbacks.init_args.round=2",
                       "--trainer.callbacks.init_args.step=1")

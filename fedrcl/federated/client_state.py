@@ -60,6 +60,7 @@ class ClientStateStore:
         self.checkpoint_dirs = [Path(d) for d in checkpoint_dirs]
         self._files: dict[int, Path] = {}       # current version of each client
         self._committed: set[Path] = set()      # versions a checkpoint took (kept while one refers to them)
+        self._manifests: dict[Path, tuple[tuple[int, int, int], frozenset[Path]]] = {}  # checkpoint -> files
         self._cache: OrderedDict[int, dict[str, Tensor]] = OrderedDict()
         self.bytes_in_memory = 0
 
@@ -168,15 +169,33 @@ class ClientStateStore:
         stale = self._committed - set(self._files.values())
         if not stale or not self.checkpoint_dirs:
             return
-        referenced = set()
+        referenced: set[Path] = set()
+        seen = set()
         for folder in self.checkpoint_dirs:
             for ckpt in folder.glob("*.ckpt"):
-                try:
-                    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-                    manifest = checkpoint["client_state"]
-                except Exception:  # noqa: BLE001 (unreadable or no manifest: it cannot resume, keeps nothing)
-                    continue
-                referenced.update(Path(p) for p in manifest["files"].values())
+                seen.add(ckpt)
+                referenced.update(self._manifest_of(ckpt))
+        for gone in self._manifests.keys() - seen:
+            del self._manifests[gone]
         for path in stale - referenced:
             self._committed.discard(path)
             self._discard(path)
+
+    def _manifest_of(self, ckpt: Path) -> frozenset[Path]:
+        """The files checkpoint ``ckpt`` refers to, read once per version of the file (a checkpoint is
+        replaced atomically, so a new version has a new inode): each save then reads only new checkpoints."""
+        try:
+            st = ckpt.stat()
+        except FileNotFoundError:
+            return frozenset()
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._manifests.get(ckpt)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        try:
+            checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+            files = frozenset(Path(p) for p in checkpoint["client_state"]["files"].values())
+        except Exception:  # noqa: BLE001 (unreadable or no manifest: it cannot resume, keeps nothing)
+            files = frozenset()
+        self._manifests[ckpt] = (key, files)
+        return files
