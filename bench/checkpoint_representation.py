@@ -1,7 +1,7 @@
 """Effective rank and VCI per feature level of saved global models, measured after training.
 
     python bench/checkpoint_representation.py \
-        FedAvg@100=docs/cpu_runs/r8_fedavg_round0100.ckpt FedRCL@100=docs/cpu_runs/r8_fedrcl_round0100.ckpt \
+        FedAvg@100=docs/cpu_runs/r8_fedavg_round100.ckpt FedRCL@100=docs/cpu_runs/r8_fedrcl_round100.ckpt \
         --config docs/cpu_runs/r8_fedavg/version_0/config.yaml [--num-samples 1000] [--root ../shared/data]
 
 The long CPU runs train without ``RepresentationMonitor`` (it would cost training time); this measures the

@@ -49,11 +49,16 @@ def test_only_common_rounds_count():
         crossing(ref, curve([20], [1]))
 
 
-def test_long_horizon_table_in_the_docs_is_what_the_committed_runs_say(tmp_path):
-    """bench/long_horizon.py on docs/cpu_runs prints the rows of docs/results.md's "Long horizon" table."""
-    cmd = [sys.executable, str(REPO / "bench" / "long_horizon.py"), f"FedAvg={REPO / 'docs/cpu_runs/cnn_fedavg'}",
-           f"FedRCL={REPO / 'docs/cpu_runs/cnn_fedrcl'}", "--out", str(tmp_path / "long.png"),
-           "--rounds", "50", *map(str, range(100, 1001, 100))]   # the docs' columns
+@pytest.mark.parametrize("network, columns", [
+    ("cnn", [50, *range(100, 1001, 100)]),           # section "Long horizon ... (small CNN, CPU)"
+    ("r8", [50, 100, 200, 300, 500, 700, 1000]),     # section "Long horizon: ResNet-18-GN width 8"
+])
+def test_long_horizon_table_in_the_docs_is_what_the_committed_runs_say(tmp_path, network, columns):
+    """bench/long_horizon.py on docs/cpu_runs prints the rows of docs/results.md's long-horizon tables."""
+    runs = REPO / "docs" / "cpu_runs"
+    cmd = [sys.executable, str(REPO / "bench" / "long_horizon.py"), f"FedAvg={runs / f'{network}_fedavg'}",
+           f"FedRCL={runs / f'{network}_fedrcl'}", "--out", str(tmp_path / "long.png"),
+           "--rounds", *map(str, columns)]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
