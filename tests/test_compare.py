@@ -51,6 +51,7 @@ def test_only_common_rounds_count():
 
 @pytest.mark.parametrize("network, columns", [
     ("cnn", [50, *range(100, 1001, 100)]),           # section "Long horizon ... (small CNN, CPU)"
+    ("r8", [50, 100, 200, 300, 500, 700, 1000]),     # section "Long horizon: ResNet-18-GN width 8"
 ])
 def test_long_horizon_table_in_the_docs_is_what_the_committed_runs_say(tmp_path, network, columns):
     """bench/long_horizon.py on docs/cpu_runs prints the rows of docs/results.md's long-horizon tables."""
