@@ -308,7 +308,6 @@ def test_store_deletes_a_file_only_when_no_checkpoint_refers_to_it(tmp_path):
     assert (tmp_path / "state" / "client00000_round00001.safetensors").exists()  # round0001.ckpt's
 
 
-
 def test_store_reads_each_checkpoint_once_per_version(tmp_path, monkeypatch):
     """Each manifest taken reads only the checkpoints written since the last one, not every one of the run."""
     ckpts = tmp_path / "checkpoints"
@@ -326,6 +325,7 @@ def test_store_reads_each_checkpoint_once_per_version(tmp_path, monkeypatch):
     store.state_dict()
     assert sorted(reads[3:]) == ["round0000.ckpt", "round0003.ckpt"]
     assert not (tmp_path / "state" / "client00000_round00000.safetensors").exists()  # no longer referenced
+
 
 # -- preemption --------------------------------------------------------------------------------------------
 SIGTERM_IN_ROUND_2 = ("--trainer.callbacks+=faults.SignalAt", "--trainer.callbacks.init_args.round=2",

@@ -169,33 +169,27 @@ class ClientStateStore:
         stale = self._committed - set(self._files.values())
         if not stale or not self.checkpoint_dirs:
             return
-        referenced: set[Path] = set()
-        seen = set()
-        for folder in self.checkpoint_dirs:
-            for ckpt in folder.glob("*.ckpt"):
-                seen.add(ckpt)
-                referenced.update(self._manifest_of(ckpt))
-        for gone in self._manifests.keys() - seen:
-            del self._manifests[gone]
+        self._manifests = {ckpt: self._manifest_of(ckpt)
+                           for folder in self.checkpoint_dirs for ckpt in folder.glob("*.ckpt")}
+        referenced = set().union(*(files for _, files in self._manifests.values()))
         for path in stale - referenced:
             self._committed.discard(path)
             self._discard(path)
 
-    def _manifest_of(self, ckpt: Path) -> frozenset[Path]:
-        """The files checkpoint ``ckpt`` refers to, read once per version of the file (a checkpoint is
-        replaced atomically, so a new version has a new inode): each save then reads only new checkpoints."""
+    def _manifest_of(self, ckpt: Path) -> tuple[tuple[int, int, int], frozenset[Path]]:
+        """The version key of checkpoint ``ckpt`` and the files it refers to, read once per version (a checkpoint
+        is replaced atomically, so a new version has a new inode): each save then reads only new checkpoints."""
         try:
             st = ckpt.stat()
         except FileNotFoundError:
-            return frozenset()
+            return (0, 0, 0), frozenset()
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         cached = self._manifests.get(ckpt)
         if cached is not None and cached[0] == key:
-            return cached[1]
+            return cached
         try:
             checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
             files = frozenset(Path(p) for p in checkpoint["client_state"]["files"].values())
         except Exception:  # noqa: BLE001 (unreadable or no manifest: it cannot resume, keeps nothing)
             files = frozenset()
-        self._manifests[ckpt] = (key, files)
-        return files
+        return key, files
