@@ -1,5 +1,17 @@
-"""The federation: rounds, client sampling, weight swapping, aggregation."""
+"""The federation: rounds, client sampling, weight swapping, aggregation.
+
+``ClientContext`` is light; ``FederatedTrainer`` (Lightning) is imported on first use, so that code which
+only needs the round's facts (algorithms, tools that read runs) does not load the Trainer.
+"""
+from typing import Any
+
 from fedrcl.federated.context import ClientContext
-from fedrcl.federated.trainer import FederatedTrainer
 
 __all__ = ["ClientContext", "FederatedTrainer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FederatedTrainer":
+        from fedrcl.federated.trainer import FederatedTrainer
+        return FederatedTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
