@@ -1,10 +1,17 @@
-"""``fedrcl report RUNS_DIR``: our runs beside the paper's numbers, as markdown tables in the paper's layout.
+"""``fedrcl report RUNS_DIR``: your runs, their seed groups, and where they stand against the paper, in markdown.
 
     fedrcl report runs                      # markdown to stdout
     fedrcl report runs --out report.md
+    fedrcl report runs --paper              # also every table of the paper, our rows beneath its rows
 
-A run is a TensorBoard run folder (``<save_dir>/<name>``) anywhere under ``RUNS_DIR``. What it ran is read
-from the ``config.yaml`` LightningCLI saved in each ``version_k`` folder (data set, partition with alpha or
+The report starts with your runs (a table: setting, rounds, last EMA; a run that logged fewer rounds than
+its ``trainer.rounds`` is marked as not finished), then the seed groups (below), then what was left out and
+why (a version folder without ``config.yaml``, a repeat of a run with the same seeds, a run with nothing
+logged), then the cells of the paper's tables that your runs fill (all the tables with ``--paper``).
+
+A run is a run folder (``<save_dir>/<name>``) anywhere under ``RUNS_DIR`` whose ``version_k`` folders hold
+the ``config.yaml`` LightningCLI saved and the curves of Lightning's TensorBoardLogger (event files) or
+CSVLogger (``metrics.csv``). What it ran is read from the ``config.yaml`` (data set, partition with alpha or
 shards per client, clients, local epochs, method and server class, backbone, FedRCL's beta and levels),
 never from its name: a method config applied on top of a base config keeps the base's run name. Versions of
 one run folder with the same setting are one run (a resume continues in a new version; a later version's
@@ -16,8 +23,7 @@ of ``run_setting``) a run must match, and the values at the table's rounds, with
 fills a cell when its setting matches the table's, the block's, the column's and the row's; one run can
 fill cells of several tables. Our value is the ``val/acc_ema`` curve (the accuracy EMA the paper reports)
 at the round, or at the last round logged, marked ``*``, when the run stopped earlier; where the run has
-siblings under other seeds (below), the cell shows their mean ± sample std and n. Cells without a run stay
-empty.
+siblings under other seeds (below), the cell shows their mean ± sample std and n.
 
 Seeds: runs whose saved configs are equal except for the seeds (``seed_everything``, ``trainer.seed``,
 ``data.seed``) and for keys that do not change what is trained (``EXPERIMENT_IGNORES``: where and how it is
@@ -26,34 +32,39 @@ clients, evaluation batch size) are one experiment under several seeds, as ``fed
 "Seeds" section gives, per experiment and per tag (``--tags``, default ``val/acc_ema val/acc``), the mean ±
 sample std over its runs, n and the 95% Student-t interval, at the last round all its runs logged
 (``fedrcl.analysis.seed_stats``). Versions of one run folder with other seeds are separate runs.
+
+Reading runs needs neither Lightning nor torch (``fedrcl report`` starts in well under a second of imports).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 import numpy as np
 import yaml
 
-from fedrcl.analysis.runs import Curve, load_scalars
-from fedrcl.analysis.seed_stats import summarize_seeds
-from fedrcl.federated.fingerprint import IGNORED, flatten
+from fedrcl.analysis.runs import Curve, has_logs, load_scalars
+from fedrcl.analysis.seed_stats import align, summarize_seeds
 
-__all__ = ["RunResult", "load_paper_results", "run_setting", "collect_runs", "experiment_key", "seed_groups",
-           "render_seed_table", "render_report", "main"]
+__all__ = ["RunResult", "load_paper_results", "run_setting", "collect_runs", "unread_versions", "experiment_key",
+           "seed_groups", "render_seed_table", "render_report", "main"]
 
 EMA_TAG = "val/acc_ema"
 SEED_KEYS = ("seed_everything", "trainer.seed", "data.seed")
 # Keys that say where and how a run executes, is logged, checkpointed or stopped, not what it trains: the
-# resume fingerprint's ignored keys, and the trainer's execution switches (batched or compiled clients,
-# devices, processes, evaluation cadence; they change rounding at most).
-EXPERIMENT_IGNORES = IGNORED + (
-    "trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar", "trainer.enable_model_summary",
+# resume fingerprint's ignored keys (``fedrcl.federated.fingerprint.IGNORED``, written out here because that
+# module loads Lightning; a test keeps the two lists in step), and the trainer's execution switches (batched
+# or compiled clients, devices, processes, evaluation cadence; they change rounding at most).
+EXPERIMENT_IGNORES = (
+    "data.root", "data.download", "data.eval_batch_size", "data.channels_last", "model.init_args.state_dir",
+    "model.init_args.max_states_in_memory", "trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar", "trainer.enable_model_summary",
     "trainer.enable_checkpointing", "trainer.default_root_dir", "trainer.checkpoint_every",
     "trainer.log_every_n_steps", "trainer.eval_every", "trainer.rounds", "trainer.resume_allow_changes",
     "trainer.client_batching", "trainer.compile_clients", "trainer.accelerator", "trainer.strategy",
@@ -76,12 +87,29 @@ class RunResult:
     @property
     def seeds(self) -> dict[str, Any]:
         """``{"seed_everything": ..., "trainer.seed": ..., "data.seed": ...}`` from the saved config."""
-        flat = flatten(self.config)
-        return {key: flat.get(key) for key in SEED_KEYS}
+        return {key: _lookup(self.config, key) for key in SEED_KEYS}
 
     @property
     def last_round(self) -> int:
+        """The last round with a ``val/acc_ema`` point (0 before any)."""
         return int(self.rounds[-1]) if len(self.rounds) else 0
+
+    @property
+    def rounds_logged(self) -> int:
+        """The last round a ``train/`` or ``val/`` scalar was logged at (training logs every round, evaluation
+        maybe not; old runs logged ``comm/`` and ``time/`` one step late)."""
+        return max((int(rounds[-1]) for tag, (rounds, _) in self.curves.items()
+                    if tag.startswith(("train/", "val/")) and len(rounds)), default=0)
+
+    @property
+    def rounds_planned(self) -> Optional[int]:
+        """``trainer.rounds`` of the saved config (``None`` when it has none)."""
+        return _lookup(self.config, "trainer.rounds")
+
+    @property
+    def unfinished(self) -> bool:
+        """Whether the run logged fewer rounds than it was configured for (killed, stopped early, running)."""
+        return isinstance(self.rounds_planned, int) and self.rounds_logged < self.rounds_planned
 
     def ema_at(self, round_idx: int) -> Optional[tuple[float, bool]]:
         """``(EMA accuracy in %, reached)`` at ``round_idx`` (its last evaluation at or before it), or at
@@ -155,12 +183,27 @@ def run_setting(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def experiment_key(config: dict[str, Any]) -> tuple:
-    """What a run trains, from its saved config: everything but the seeds and ``EXPERIMENT_IGNORES``."""
-    flat = flatten(config)
-    keep = {k: v for k, v in flat.items() if k not in SEED_KEYS and not any(
-        k == ignored or k.startswith(ignored + ".") for ignored in EXPERIMENT_IGNORES)}
-    return tuple(sorted((k, repr(v)) for k, v in keep.items()))
+def _lookup(config: dict[str, Any], key: str) -> Any:
+    """The value at a dotted ``key`` (``trainer.seed``) of a nested config; ``None`` where it is absent."""
+    for part in key.split("."):
+        if not isinstance(config, dict):
+            return None
+        config = config.get(part)
+    return config
+
+
+def experiment_key(config: dict[str, Any]) -> str:
+    """What a run trains, from its saved config: everything but the seeds and ``EXPERIMENT_IGNORES`` (each
+    dropped with what lies under it), as canonical JSON."""
+    kept = copy.deepcopy(config)
+    for key in SEED_KEYS + EXPERIMENT_IGNORES:
+        *parents, leaf = key.split(".")
+        node = kept
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return json.dumps(kept, sort_keys=True, default=str)
 
 
 def _version_number(path: Path) -> int:
@@ -172,7 +215,7 @@ def collect_runs(root: str | Path) -> list[RunResult]:
     """Every run under ``root`` (see the module docstring), sorted by folder, then first version."""
     root = Path(root)
     if not root.is_dir():
-        raise ValueError(f"fedrcl report: {root} is not a folder")
+        raise ValueError(f"{root} is not a folder")
     run_dirs = sorted({v.parent for v in root.rglob("version_*") if (v / "config.yaml").is_file()})
     runs = []
     for run_dir in run_dirs:
@@ -184,8 +227,7 @@ def collect_runs(root: str | Path) -> list[RunResult]:
                 continue
             config = yaml.safe_load((version / "config.yaml").read_text()) or {}
             setting = run_setting(config)
-            seeds = flatten(config)
-            key = (tuple(sorted(setting.items())), tuple(repr(seeds.get(k)) for k in SEED_KEYS))
+            key = (tuple(sorted(setting.items())), tuple(repr(_lookup(config, k)) for k in SEED_KEYS))
             groups.setdefault(key, []).append(version)
             settings[key], configs[key] = setting, config
         for key, versions in groups.items():
@@ -201,21 +243,45 @@ def collect_runs(root: str | Path) -> list[RunResult]:
     return runs
 
 
+def unread_versions(root: str | Path) -> list[tuple[Path, str]]:
+    """The ``version_*`` folders under ``root`` that ``collect_runs`` reads no curve from, each with why."""
+    unread = []
+    for version in sorted(Path(root).rglob("version_*")):
+        if not version.is_dir():
+            continue
+        if not (version / "config.yaml").is_file():
+            unread.append((version, "no config.yaml (not written by `fedrcl fit`, or stopped before it saved "
+                                    "its config), so its setting is unknown"))
+        elif not has_logs(version):
+            unread.append((version, "no TensorBoard event file and no CSVLogger metrics.csv (only these two "
+                                    "loggers are read)"))
+    return unread
+
+
 def _seed_tuple(run: RunResult) -> tuple:
     return tuple(repr(v) for v in run.seeds.values())
+
+
+def _group_seeds(runs: Sequence[RunResult]) -> tuple[list[list[RunResult]], list[tuple[RunResult, RunResult]]]:
+    """``seed_groups`` and the repeats it leaves out: ``(left out, kept)`` pairs."""
+    groups: dict[Any, dict[tuple, RunResult]] = {}
+    repeats = []
+    for run in runs:
+        key = experiment_key(run.config) if run.config else ("run", id(run))
+        by_seeds = groups.setdefault(key, {})
+        other = by_seeds.get(_seed_tuple(run))
+        if other is not None:
+            kept, dropped = (run, other) if run.last_round > other.last_round else (other, run)
+            repeats.append((dropped, kept))
+            run = kept
+        by_seeds[_seed_tuple(run)] = run
+    return [list(by_seeds.values()) for by_seeds in groups.values()], repeats
 
 
 def seed_groups(runs: Sequence[RunResult]) -> list[list[RunResult]]:
     """Runs that differ only in seeds (same ``experiment_key``), in the order of their first run; of runs
     with the same seeds too (a repeat), the one that got furthest. A run without a saved config is alone."""
-    groups: dict[tuple, dict[tuple, RunResult]] = {}
-    for run in runs:
-        key = experiment_key(run.config) if run.config else ("run", id(run))
-        by_seeds = groups.setdefault(key, {})
-        other = by_seeds.get(_seed_tuple(run))
-        if other is None or run.last_round > other.last_round:
-            by_seeds[_seed_tuple(run)] = run
-    return [list(by_seeds.values()) for by_seeds in groups.values()]
+    return _group_seeds(runs)[0]
 
 
 def _seed_label(runs: Sequence[RunResult], key: str) -> str:
@@ -256,14 +322,12 @@ def _seed_cells(group: Sequence[RunResult], tag: str) -> list[str]:
     curves = [r.curves.get(tag) for r in group]
     if any(c is None or not len(c[0]) for c in curves):
         return ["", ""]
-    common = curves[0][0]
-    for rounds, _ in curves[1:]:
-        common = np.intersect1d(common, rounds)
+    common, values = align(curves)
     if not len(common):
         return ["", ""]
     at = int(common[-1])
     scale = 100.0 if "acc" in tag.rsplit("/", 1)[-1] else 1.0
-    summary = summarize_seeds([float(values[np.searchsorted(rounds, at)]) for rounds, values in curves])
+    summary = summarize_seeds(values[:, -1])
     ci = "" if summary.n < 2 else \
         f"[{scale * (summary.mean - summary.ci95):.2f}, {scale * (summary.mean + summary.ci95):.2f}]"
     return [f"{summary.format(scale)} @{at}", ci]
@@ -366,57 +430,148 @@ def _render_table(table: dict[str, Any], shown: dict[tuple, list[RunResult]]) ->
     return out
 
 
+def _where(path: Path, root: Optional[Path]) -> str:
+    """``path`` relative to ``root`` where it lies under it."""
+    return str(path.relative_to(root)) if root is not None and path.is_relative_to(root) else str(path)
+
+
+def _render_runs(runs: Sequence[RunResult], placed: dict[int, list[tuple]], root: Optional[Path]) -> list[str]:
+    """The "Runs" section: one row per run, a run that logged fewer rounds than planned marked."""
+    out = ["## Your runs", ""]
+    if not runs:
+        return out + ["No runs found (a run is a folder of `version_*` folders holding `config.yaml` and "
+                      "TensorBoard event files or a CSVLogger `metrics.csv`).", ""]
+    out += ["Rounds: the last round logged, of `trainer.rounds`; \"not finished\": fewer (killed, stopped early, "
+            "or still running). Last EMA: `val/acc_ema` at its last round, in %.", "",
+            "| Run | Versions | Dataset | Split | Method | Server | Backbone | Clients/round | Rounds | "
+            "Last EMA | Paper cells |", "|:--|:--|:--|:--|:--|:--|:--|--:|--:|--:|:--|"]
+    for run in runs:
+        s = run.setting
+        backbone = f"{s['backbone']}" + (f" (width {s['width']})" if s["width"] is not None else "")
+        where = "; ".join(" / ".join(map(str, cell)) for cell in placed.get(id(run), [])) or "—"
+        last = f"{run.ema[-1]:.2f}" if len(run.ema) else "no val/acc_ema yet"
+        rounds = str(run.rounds_logged)
+        if run.rounds_planned is not None:
+            rounds += f" of {run.rounds_planned}" + (", not finished" if run.unfinished else "")
+        out.append(" | ".join(["", _md(_where(run.path, root)), _md(", ".join(run.versions)), _md(s["dataset"]),
+                               _md(_split_name(s)), _md(s["method"]), _md(s["server"]), _md(backbone),
+                               f"{s['clients_per_round']}/{s['num_clients']}", rounds, last,
+                               _md(where), ""]).strip())
+    return out + [""]
+
+
+def _render_left_out(runs: Sequence[RunResult], unread: Sequence[tuple[Path, str]],
+                     root: Optional[Path]) -> list[str]:
+    """The "Left out" section: what is not in the tables above, and why."""
+    notes = [f"- `{_where(path, root)}`: {why}." for path, why in unread]
+    for dropped, kept in _group_seeds(runs)[1]:
+        notes.append(f"- `{_where(dropped.path, root)}` ({', '.join(dropped.versions)}): the same experiment and "
+                     f"seeds as `{_where(kept.path, root)}` ({', '.join(kept.versions)}), which got further "
+                     f"(round {kept.last_round} against {dropped.last_round}); seeds and paper cells use that "
+                     "one. Runs that differ only in keys that do not change what is trained (logging, "
+                     "callbacks, rounds, devices: `EXPERIMENT_IGNORES`) are repeats.")
+    notes += [f"- `{_where(run.path, root)}` ({', '.join(run.versions)}): no scalar logged yet; in no seed group "
+              "or paper cell." for run in runs if not run.curves]
+    return ["## Left out", "", *(notes or ["Nothing: every version folder found is in the tables above."]), ""]
+
+
+def _render_paper_cells(tables: list[dict[str, Any]], shown: dict[tuple, list[RunResult]]) -> list[str]:
+    """The cells of the paper's tables that the runs fill, one row per cell and round."""
+    out = ["## Beside the paper", "",
+           f"Paper: {PAPER}; its numbers are in `fedrcl/paper_results.json`. The cells your runs fill: our "
+           "`val/acc_ema` (EMA 0.9 of the test accuracy, %) at the table's round, mean ± sample std (n=...) "
+           "over seeds, ours minus the paper's in parentheses; `*`: a run stopped earlier, its value is at its "
+           "last round. `--paper` prints every table.", ""]
+    rows = []
+    for table in tables:
+        for block in table["blocks"]:
+            for row in table["rows"]:
+                paper_row = table["values"].get(block["name"], {}).get(row["name"], {})
+                for column in _columns(table, block):
+                    group = shown.get((table["label"], block["name"], row["name"], column["name"]))
+                    if not group:
+                        continue
+                    paper = paper_row.get(column["name"], [None] * len(table["rounds"]))
+                    for round_idx, theirs in zip(table["rounds"], paper):
+                        rows.append(" | ".join(["", _md(table["label"]), _md(block["name"]), _md(row["name"]),
+                                                _md(column["name"]), str(round_idx),
+                                                "" if theirs is None else f"{theirs:.2f}",
+                                                _our_cell(group, round_idx, theirs), ""]).strip())
+    if not rows:
+        return out + ["No run has the setting of a cell of the paper's tables (data set, split, clients, local "
+                      "epochs, method, server, backbone).", ""]
+    return out + ["| Table | Block | Method | Column | Round | Paper | Ours |", "|:--|:--|:--|:--|--:|--:|--:|",
+                  *rows, ""]
+
+
 def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = None, title: str = "",
-                  seed_tags: Sequence[str] = DEFAULT_SEED_TAGS) -> str:
-    """The markdown report: the paper's tables with our rows, the seeds table, then every run found and
-    where it went."""
+                  seed_tags: Sequence[str] = DEFAULT_SEED_TAGS, paper_tables: bool = False,
+                  unread: Sequence[tuple[Path, str]] = (), root: Optional[str | Path] = None) -> str:
+    """The markdown report: the runs, the seeds table, what was left out, then the paper's cells they fill
+    (every table of the paper, with our rows, when ``paper_tables``).
+
+    Args:
+        runs: ``collect_runs(root)``.
+        paper: the paper's tables (``load_paper_results()`` when None).
+        title: after "fedrcl report: " in the heading.
+        seed_tags: the scalars of the Seeds section.
+        paper_tables: print the paper's tables in full.
+        unread: ``unread_versions(root)``, listed under "Left out".
+        root: paths are shown relative to it.
+    """
     paper = load_paper_results() if paper is None else paper
+    root = Path(root) if root is not None else None
     tables = paper["tables"]
     shown = _assign(tables, list(runs))
     placed: dict[int, list[tuple]] = {}
     for cell, group in shown.items():
         for run in group:
             placed.setdefault(id(run), []).append(cell)
-    out = [f"# fedrcl report{': ' + title if title else ''}", "",
-           f"Paper: {PAPER}. Its numbers below are in `fedrcl/paper_results.json` (one entry per table).",
-           "Each method has the paper's row and ours beneath it: our `val/acc_ema` (EMA 0.9 of the test "
-           "accuracy, in %) at the round, with ours minus the paper's in parentheses; over several seeds of "
-           "one experiment, mean ± sample std (n=...). `*`: a run stopped earlier; its value is at its last "
-           "round (see Runs). Empty: no finished round for that cell.", ""]
+    out = [f"# fedrcl report{': ' + title if title else ''}", ""]
+    out += _render_runs(runs, placed, root)
+    out += render_seed_table(runs, seed_tags)
+    out += _render_left_out(runs, unread, root)
+    if not paper_tables:
+        return "\n".join(out + _render_paper_cells(tables, shown))
+    out += ["## The paper's tables", "",
+            f"Paper: {PAPER}. Its numbers below are in `fedrcl/paper_results.json` (one entry per table).",
+            "Each method has the paper's row and ours beneath it: our `val/acc_ema` (EMA 0.9 of the test "
+            "accuracy, in %) at the round, with ours minus the paper's in parentheses; over several seeds of "
+            "one experiment, mean ± sample std (n=...). `*`: a run stopped earlier; its value is at its last "
+            "round (see Your runs). Empty: no finished round for that cell.", ""]
     for table in tables:
         out += _render_table(table, shown)
-    out += render_seed_table(runs, seed_tags)
-    out += ["## Runs", ""]
-    if not runs:
-        out += ["No runs found (a run is a folder of `version_*` folders holding `config.yaml`).", ""]
-        return "\n".join(out)
-    out += ["| Run | Versions | Dataset | Split | Method | Server | Backbone | Clients/round | Rounds | "
-            "Last EMA | Cells |", "|:--|:--|:--|:--|:--|:--|:--|--:|--:|--:|:--|"]
-    for run in runs:
-        s = run.setting
-        backbone = f"{s['backbone']}" + (f" (width {s['width']})" if s["width"] is not None else "")
-        where = "; ".join(" / ".join(map(str, cell)) for cell in placed.get(id(run), [])) or "—"
-        last = f"{run.ema[-1]:.2f}" if len(run.ema) else "no val/acc_ema yet"
-        out.append(" | ".join(["", _md(run.path), _md(", ".join(run.versions)), _md(s["dataset"]),
-                               _md(_split_name(s)), _md(s["method"]), _md(s["server"]), _md(backbone),
-                               f"{s['clients_per_round']}/{s['num_clients']}", str(run.last_round), last,
-                               _md(where), ""]).strip())
-    out.append("")
     return "\n".join(out)
 
 
+def _error(message: str) -> NoReturn:
+    """``fedrcl report: error: <message>`` on stderr, exit status 2 (argparse's, without the usage)."""
+    print(f"fedrcl report: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
-    """``fedrcl report RUNS_DIR [--out FILE] [--tags TAG ...]``."""
+    """``fedrcl report RUNS_DIR [--out FILE] [--tags TAG ...] [--paper]``."""
     parser = argparse.ArgumentParser(
-        prog="fedrcl report", description="Markdown tables of our runs beside the FedRCL paper's numbers.")
+        prog="fedrcl report", description="Markdown tables of your runs, their seeds, and the paper's cells "
+                                          "they fill.")
     parser.add_argument("runs_dir", metavar="RUNS_DIR", help="folder holding the runs (a logger's save_dir)")
     parser.add_argument("--out", help="write the markdown here instead of printing it")
     parser.add_argument("--tags", nargs="+", default=list(DEFAULT_SEED_TAGS),
                         help="scalars summarised over seeds in the Seeds section (default: %(default)s)")
+    parser.add_argument("--paper", action="store_true",
+                        help="print every table of the paper with our rows beneath its rows, not only the "
+                             "cells our runs fill")
     args = parser.parse_args(argv)
     if not Path(args.runs_dir).is_dir():
-        parser.error(f"RUNS_DIR {args.runs_dir} is not a folder")
-    text = render_report(collect_runs(args.runs_dir), title=args.runs_dir, seed_tags=args.tags)
+        _error(f"RUNS_DIR {args.runs_dir} is not a folder")
+    runs, unread = collect_runs(args.runs_dir), unread_versions(args.runs_dir)
+    if not runs:
+        found = f"; {len(unread)} version folders without config.yaml" if unread else ""
+        _error(f"no runs under {args.runs_dir}{found} (a run is a folder of version_* folders, each with the "
+               "config.yaml of `fedrcl fit` and TensorBoard event files or a CSVLogger metrics.csv)")
+    text = render_report(runs, title=args.runs_dir, seed_tags=args.tags, paper_tables=args.paper,
+                         unread=unread, root=Path(args.runs_dir))
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")
     else:

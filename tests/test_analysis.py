@@ -262,7 +262,7 @@ def test_load_scalars_merges_versions(tmp_path):
     steps, values = load_scalars(find_runs(tmp_path, ["runA"])["runA"])["val/acc"]
     assert steps.tolist() == [1, 2, 3]
     np.testing.assert_allclose(values, [0.1, 0.25, 0.35], rtol=1e-6)  # later versions win
-    with pytest.raises(ValueError, match="no TensorBoard run named runB"):
+    with pytest.raises(ValueError, match="no run named runB"):
         find_runs(tmp_path, ["runB"])
 
 

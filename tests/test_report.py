@@ -184,7 +184,7 @@ def test_runs_are_told_apart_by_config_and_resumed_versions_merge(fake_runs):
 
 
 def test_report_puts_our_numbers_beside_the_papers(fake_runs):
-    markdown = render_report(collect_runs(fake_runs))
+    markdown = render_report(collect_runs(fake_runs), paper_tables=True)
     cifar100 = rows_of(markdown, "### CIFAR-100")
     assert cifar100["FedRCL (paper)"] == ["43.71", "54.63", "49.82", "58.23", "57.89", "63.46", "58.71",
                                           "64.06", "60.25", "64.81"]
@@ -197,9 +197,9 @@ def test_report_puts_our_numbers_beside_the_papers(fake_runs):
     assert cifar10["FedRCL (paper)"][-2:] == ["89.70", "91.90"]
     assert all(cells == [""] * 10 for label, cells in rows_of(markdown, "### Tiny-ImageNet").items()
                if label.endswith("(ours)"))
-    runs = rows_of(markdown, "## Runs")
+    runs = rows_of(markdown, "## Your runs")
     cnn = next(cells for label, cells in runs.items() if label.endswith("cifar10_a005_cnn"))
-    assert cnn[5:] == ["SmallCNN (width 64)", "5/100", "10", "30.00", "—"]
+    assert cnn[5:] == ["SmallCNN (width 64)", "5/100", "10 of 1000, not finished", "30.00", "—"]
     shown = next(cells for label, cells in runs.items() if label.endswith("/cifar10_iid"))
     assert shown[-1] == "tab:cifar100 / CIFAR-10 / FedRCL / i.i.d."
 
@@ -211,7 +211,7 @@ def section(markdown: str, label: str) -> str:
 
 
 def test_report_renders_every_table_in_the_papers_layout():
-    markdown = render_report([])
+    markdown = render_report([], paper_tables=True)
     for table in PAPER["tables"]:
         assert f"\n## {table['title']} (`{table['label']}`)\n" in markdown
         for block in table["blocks"]:
@@ -264,7 +264,7 @@ def test_a_run_made_by_the_configs_recipe_fills_its_cells(args, cells, capsys):
         main(argv + ["--print_config"])
     setting = run_setting(yaml.safe_load(capsys.readouterr().out))
     run = RunResult(REPO / "runs" / "recipe", ("version_0",), setting, np.array([1000]), np.array([50.0]))
-    assert rows_of(render_report([run]), "## Runs")[str(run.path)][-1] == ("; ".join(cells) or "—")
+    assert rows_of(render_report([run]), "## Your runs")[str(run.path)][-1] == ("; ".join(cells) or "—")
 
 
 @pytest.mark.slow
@@ -277,9 +277,9 @@ def test_fedrcl_report_command_reads_real_runs(tmp_path, data_root, capsys):
     assert capsys.readouterr().out == ""
     main(["report", str(tmp_path / "runs")])
     assert capsys.readouterr().out == markdown
-    cells = rows_of(markdown, "## Runs")[str(tmp_path / "runs" / "quickstart")]
+    cells = rows_of(markdown, "## Your runs")["quickstart"]
     assert cells[:4] == ["version_0", "digits", "dirichlet α=0.3", "FedAvg"]
-    assert cells[-3:] == ["2", f"{100 * ema:.2f}", "—"]
+    assert cells[-3:] == ["2 of 2", f"{100 * ema:.2f}", "—"]
     with pytest.raises(SystemExit) as info:
         main(["report", str(tmp_path / "missing")])
     assert info.value.code == 2

@@ -186,7 +186,7 @@ def test_paper_cells_show_the_mean_over_seeds(tmp_path):
     repeat.update(seed_everything=2)
     repeat["trainer"]["seed"] = 2  # seed 2 again, shorter: a repeat, not a fourth seed
     fake_version(tmp_path / "again" / "version_0", repeat, {r: 0.9 for r in range(1, 11)})
-    markdown = render_report(collect_runs(tmp_path))
+    markdown = render_report(collect_runs(tmp_path), paper_tables=True)
     cells = rows_of(markdown, "### CIFAR-100")["FedRCL (ours)"]
     assert cells[:2] == ["52.00 ± 2.00 (n=3) (+8.29)", "52.00 ± 2.00 (n=3)* (-2.63)"]  # paper 43.71, 54.63
     seeds = rows_of(markdown, "## Seeds")

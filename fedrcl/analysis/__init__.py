@@ -3,48 +3,42 @@
 - ``metrics``: ``effective_rank``, ``class_covariances``, ``variability_collapse_index``,
   ``deviation_bound`` (pure functions, float64 inside).
 - ``monitor``: ``RepresentationMonitor``, a Lightning callback logging them to TensorBoard every N rounds.
-- ``runs``: ``find_runs``, ``load_scalars`` read runs back from their TensorBoard logs.
+- ``runs``: ``find_runs``, ``load_scalars`` read runs back from their TensorBoard or CSV logs.
 - ``client_evaluation``: ``ClientEvaluation``, a callback measuring the global model on every client's label
   mix and the round's local models (``label_mix_accuracy``, ``spread_summary``: pure functions).
 - ``compare``: ``crossing``: the rounds where one method's curve passes another's (the paper's headline).
-- ``seed_stats``: ``summarize_seeds``, ``t_quantile``, ``seed_curves``: mean, std and 95% interval over seeds.
+- ``seed_stats``: ``summarize_seeds``, ``t_quantile``, ``seed_curves``, ``align``, ``mean_band``: mean, std
+  and 95% interval over seeds.
 - ``clients``: ``partition_counts``; ``python -m fedrcl.analysis.partitions`` writes a partition PNG.
-- ``plots``: ``plot_partition``, ``plot_runs``, ``plot_levels`` (matplotlib, imported on first use).
-"""
-from fedrcl.analysis.client_evaluation import ClientEvaluation, label_mix_accuracy, spread_summary
-from fedrcl.analysis.clients import partition_counts
-from fedrcl.analysis.compare import Crossing, crossing
-from fedrcl.analysis.metrics import (
-    class_covariances,
-    deviation_bound,
-    effective_rank,
-    variability_collapse_index,
-)
-from fedrcl.analysis.monitor import RepresentationMonitor
-from fedrcl.analysis.plots import LEVEL_METRICS, plot_levels, plot_partition, plot_runs
-from fedrcl.analysis.runs import find_runs, load_scalars
-from fedrcl.analysis.seed_stats import SeedSummary, seed_curves, summarize_seeds, t_quantile
+- ``plots``: ``plot_partition``, ``plot_runs``, ``plot_levels``, ``plot_seed_groups`` (matplotlib, imported on
+  first use).
 
-__all__ = [
-    "ClientEvaluation",
-    "Crossing",
-    "LEVEL_METRICS",
-    "RepresentationMonitor",
-    "SeedSummary",
-    "class_covariances",
-    "crossing",
-    "deviation_bound",
-    "effective_rank",
-    "find_runs",
-    "label_mix_accuracy",
-    "load_scalars",
-    "partition_counts",
-    "plot_levels",
-    "plot_partition",
-    "plot_runs",
-    "seed_curves",
-    "spread_summary",
-    "summarize_seeds",
-    "t_quantile",
-    "variability_collapse_index",
-]
+Each name is imported from its module on first use, so reading runs (``fedrcl report``, ``fedrcl plot``)
+loads neither Lightning nor torch.
+"""
+from importlib import import_module
+from typing import Any
+
+_MODULES = {
+    "client_evaluation": ("ClientEvaluation", "label_mix_accuracy", "spread_summary"),
+    "clients": ("partition_counts",),
+    "compare": ("Crossing", "crossing"),
+    "metrics": ("class_covariances", "deviation_bound", "effective_rank", "variability_collapse_index"),
+    "monitor": ("RepresentationMonitor",),
+    "plots": ("LEVEL_METRICS", "plot_levels", "plot_partition", "plot_runs", "plot_seed_groups"),
+    "runs": ("find_runs", "load_scalars"),
+    "seed_stats": ("SeedSummary", "align", "mean_band", "seed_curves", "summarize_seeds", "t_quantile"),
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOME[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,7 +1,8 @@
 """Matplotlib figures of runs and partitions (matplotlib is imported on first use: a ``dev`` extra).
 
 Each function draws into ``ax`` (or a new figure) and returns the figure; none computes a metric: curves
-come from ``runs.load_scalars``, per-client class counts from ``partitions.partition_counts``.
+come from ``runs.load_scalars``, per-client class counts from ``partitions.partition_counts``, means and
+bands over seeds from ``seed_stats``.
 """
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any, Literal, Optional
 import numpy as np
 
 from fedrcl.analysis.runs import Curve
+from fedrcl.analysis.seed_stats import align, mean_band
 
-__all__ = ["plot_partition", "plot_runs", "plot_levels", "LEVEL_METRICS"]
+__all__ = ["plot_partition", "plot_runs", "plot_levels", "plot_seed_groups", "LEVEL_METRICS"]
 
 LEVEL_METRICS = ("effective_rank", "vci", "within_trace", "between_trace")
 """The per-level curves of ``RepresentationMonitor``: ``repr/level{l}/<metric>``."""
@@ -125,4 +127,45 @@ def plot_levels(runs: Mapping[str, Mapping[str, Curve]], metric: str, local: boo
             ax.set_ylabel("")
             if ax.get_legend() is not None:
                 ax.get_legend().remove()
+    return fig
+
+
+TAG_LABELS = {"val/acc": "test accuracy (%)", "val/acc_ema": "EMA(0.9) test accuracy (%)"}
+"""The y label of a panel per tag (others are labelled by their tag)."""
+
+
+def plot_seed_groups(groups: Mapping[str, Sequence[Mapping[str, Curve]]],
+                     tags: Sequence[str] = ("val/acc", "val/acc_ema"), band: str = "ci") -> Any:
+    """One panel per tag; per group the mean curve over its runs (seeds) with a shaded band.
+
+    Each group's runs are aligned on the rounds all of them logged (``seed_stats.align``); the band is the 95%
+    Student-t interval of the mean (``band="ci"``) or one sample std (``"std"``, ``seed_stats.mean_band``),
+    drawn where a group has two runs or more. Accuracies (a tag ending in ``acc...``) are drawn in %.
+
+    Args:
+        groups: ``{label: [load_scalars(run) for each seed]}``; a label's runs without a tag are an error.
+        tags: the scalars to draw, one panel each.
+        band: ``"ci"`` or ``"std"``.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(tags), figsize=(5.5 * len(tags), 4), squeeze=False, layout="constrained")
+    seeded = any(len(runs) > 1 for runs in groups.values())
+    for ax, tag in zip(axes[0], tags):
+        scale = 100.0 if tag.rsplit("/", 1)[-1].startswith("acc") else 1.0
+        for label, runs in groups.items():
+            missing = [i for i, scalars in enumerate(runs) if tag not in scalars]
+            if missing:
+                raise ValueError(f"{label}: {len(missing)} of its {len(runs)} runs logged no {tag!r}")
+            rounds, values = align([scalars[tag] for scalars in runs])
+            mean, half = mean_band(scale * values, band)
+            line, = ax.plot(rounds, mean, lw=1.3, label=f"{label} (n={len(runs)})")
+            if len(runs) > 1:
+                ax.fill_between(rounds, mean - half, mean + half, color=line.get_color(), alpha=0.2, lw=0)
+        ax.set_xlabel("round")
+        ax.set_ylabel(TAG_LABELS.get(tag, tag))
+        ax.grid(alpha=0.3)
+        title = ("band: 95% interval of the mean over seeds" if band == "ci" else "band: ± 1 std over seeds") \
+            if seeded else None
+        ax.legend(title=title, fontsize="small", title_fontsize="small")
     return fig

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrcl.analysis.runs import Curve, load_scalars
+from fedrcl.analysis.runs import Curve, has_logs, load_scalars
 
-__all__ = ["SeedSummary", "seed_curves", "seed_runs", "summarize_seeds", "t_quantile"]
+__all__ = ["SeedSummary", "align", "mean_band", "seed_curves", "seed_runs", "summarize_seeds", "t_quantile"]
 
 # t_{0.975, df} for df = 1..30.
 _T975 = (12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252,
@@ -73,11 +73,34 @@ def seed_runs(path: str | Path) -> list[Path]:
     path = Path(path)
     if path.is_file() or any(path.glob("version_*")):
         return [path]
-    runs = sorted(p for p in path.iterdir() if p.is_dir() and any(p.glob("version_*/events.*"))) \
+    runs = sorted(p for p in path.iterdir() if p.is_dir() and any(has_logs(v) for v in p.glob("version_*"))) \
         if path.is_dir() else []
     if not runs:
         raise ValueError(f"{path} holds no run (version_* folders) and no seed runs (<seed>/version_*)")
     return runs
+
+
+def align(curves: Sequence[Curve]) -> tuple[np.ndarray, np.ndarray]:
+    """``(rounds, values[n_curves, n_rounds])``: the curves at the rounds every one of them logged."""
+    if not curves:
+        raise ValueError("align needs at least one curve")
+    common = curves[0][0]
+    for rounds, _ in curves[1:]:
+        common = np.intersect1d(common, rounds)
+    return common, np.stack([vals[np.searchsorted(rounds, common)] for rounds, vals in curves])
+
+
+def mean_band(values: np.ndarray, band: str = "ci") -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, half-width)`` per round of ``values[n_seeds, n_rounds]``: the half-width is the 95% Student-t
+    interval of the mean (``band="ci"``) or one sample std (``"std"``); zero for one seed."""
+    if band not in ("ci", "std"):
+        raise ValueError(f"band must be 'ci' or 'std', got {band!r}")
+    values = np.asarray(values, dtype=np.float64)
+    mean, n = values.mean(axis=0), values.shape[0]
+    if n < 2:
+        return mean, np.zeros_like(mean)
+    std = values.std(axis=0, ddof=1)
+    return mean, std if band == "std" else t_quantile(n - 1) * std / math.sqrt(n)
 
 
 def seed_curves(runs: Sequence[str | Path], tag: str) -> tuple[np.ndarray, np.ndarray]:
@@ -88,9 +111,5 @@ def seed_curves(runs: Sequence[str | Path], tag: str) -> tuple[np.ndarray, np.nd
         if tag not in scalars:
             raise ValueError(f"run {run} has no scalar {tag!r}")
         curves.append(scalars[tag])
-    common = curves[0][0]
-    for rounds, _ in curves[1:]:
-        common = np.intersect1d(common, rounds)
-    values = np.stack([vals[np.searchsorted(rounds, common)] for rounds, vals in curves])
-    return common, values
+    return align(curves)
 

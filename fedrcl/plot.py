@@ -1,0 +1,147 @@
+"""``fedrcl plot RUNS ...``: accuracy and EMA-accuracy curves of your runs, one per method, mean and 95% band over seeds.
+
+    fedrcl plot runs/compare --out compare                 # compare.png and compare.svg
+    fedrcl plot FedAvg=runs/fedavg FedRCL=runs/fedrcl --out compare --rounds 25 50
+    fedrcl plot runs/compare --tags val/acc_ema train/loss --band std
+
+Each argument is a folder of runs (``fedrcl report`` reads the same: run folders with ``config.yaml`` and
+TensorBoard or CSVLogger logs): its runs are grouped into experiments that differ only in seeds
+(``fedrcl.report.seed_groups``), one curve each, labelled by method (and server, where it is not FedAvg's),
+with the run folder added where two experiments share a label. ``LABEL=PATH`` makes every run under ``PATH``
+one curve named ``LABEL``: the seeds of one experiment, one run folder, or event files without a saved config
+(``fedrcl.analysis.seed_stats.seed_runs``). A curve is the mean over its runs at the rounds all of them
+logged; with two runs or more a band shows the 95% Student-t interval of the mean (``--band ci``) or one
+sample std (``--band std``). Prints a markdown table: per curve, n and ``val/acc_ema`` (mean ± std) at
+``--rounds`` (default: the last round all its runs logged) and that round.
+
+Needs neither Lightning nor torch; matplotlib draws off-screen (Agg).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NoReturn, Optional
+
+from fedrcl.analysis.runs import Curve, load_scalars
+from fedrcl.analysis.seed_stats import align, seed_runs, summarize_seeds
+from fedrcl.report import EMA_TAG, RunResult, collect_runs, seed_groups
+
+__all__ = ["curve_groups", "summary_table", "main"]
+
+Groups = dict[str, list[Mapping[str, Curve]]]
+"""``{label: [scalars of each run]}``: what ``fedrcl.analysis.plots.plot_seed_groups`` draws."""
+
+
+def _label(group: Sequence[RunResult]) -> str:
+    setting = group[0].setting
+    method, server = setting["method"], setting["server"]
+    return method if server in ("FedAvg", method) else f"{server} + {method}"
+
+
+def _folder(group: Sequence[RunResult], root: Path) -> str:
+    """The group's run folder under ``root`` (the seeds' parent for ``fedrcl seeds``' ``<name>/seed<k>``)."""
+    path = group[0].path
+    if path.name.startswith("seed") and path != root:
+        path = path.parent
+    return path.name if path == root else str(path.relative_to(root))
+
+
+def curve_groups(specs: Sequence[str]) -> Groups:
+    """The curves to draw from ``PATH`` and ``LABEL=PATH`` arguments (see the module docstring).
+
+    Raises ``ValueError`` naming the argument when a path holds no run, or when ``LABEL=PATH`` holds runs of
+    several experiments (they would be averaged as if they were seeds)."""
+    groups: Groups = {}
+    for spec in specs:
+        label, sep, path_text = spec.partition("=")
+        path = Path(path_text if sep else spec)
+        if not path.exists():
+            raise ValueError(f"{spec}: {path} does not exist")
+        runs = [r for r in collect_runs(path) if r.curves] if path.is_dir() else []
+        if sep:
+            experiments = seed_groups(runs)
+            if len(experiments) > 1:
+                raise ValueError(f"{spec}: {path} holds runs of {len(experiments)} experiments (they differ in more "
+                                 f"than seeds); give each its own LABEL=PATH, or {path} alone to label them by method")
+            groups[label] = [r.curves for r in experiments[0]] if experiments else \
+                [load_scalars(run) for run in seed_runs(path)]
+            continue
+        if not runs:
+            raise ValueError(f"{spec}: no runs under {path} (run folders with config.yaml and TensorBoard or "
+                             "CSVLogger logs); name event files without a config as LABEL=PATH")
+        found = seed_groups(runs)
+        labels = [_label(g) for g in found]
+        for group, name in zip(found, labels):
+            if labels.count(name) > 1 or name in groups:
+                name = f"{name} ({_folder(group, path)})"
+            groups[name] = [r.curves for r in group]
+    return groups
+
+
+def summary_table(groups: Groups, rounds: Optional[Sequence[int]] = None, tag: str = EMA_TAG) -> list[str]:
+    """Markdown rows: per curve, n, ``tag`` in % (mean ± sample std over its runs) at ``rounds`` ("-" where not
+    all its runs logged it) and the last round all of them logged; without ``rounds``, at that round."""
+    aligned = {label: align([scalars[tag] for scalars in runs]) for label, runs in groups.items()
+               if all(tag in scalars for scalars in runs)}
+    columns = list(rounds) if rounds else ["last"]
+    out = ["| method | n | " + " | ".join(f"EMA acc @ {r}" for r in columns) + " | rounds run |",
+           "|---" * (len(columns) + 3) + "|"]
+    for label, (common, values) in aligned.items():
+        cells = []
+        for r in columns:
+            at = len(common) - 1 if r == "last" else next(iter((common == r).nonzero()[0]), None)
+            cells.append("-" if at is None or not len(common) else summarize_seeds(100 * values[:, at]).format())
+        last = str(common[-1]) if len(common) else "-"
+        out.append(f"| {label} | {values.shape[0]} | " + " | ".join(cells) + f" | {last} |")
+    return out
+
+
+def _error(message: str) -> NoReturn:
+    print(f"fedrcl plot: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """``fedrcl plot RUNS [RUNS ...] [--out PATH] [--tags TAG ...] [--band ci|std] [--rounds R ...]``."""
+    parser = argparse.ArgumentParser(
+        prog="fedrcl plot", description="Accuracy and EMA curves of your runs: one per method, mean and 95% band "
+                                        "over seeds; PNG and SVG.")
+    parser.add_argument("runs", nargs="+", metavar="RUNS", help="a folder of runs, or LABEL=PATH (one curve)")
+    parser.add_argument("--out", default="curves",
+                        help="write OUT.png and OUT.svg (a .png or .svg suffix is dropped; default: %(default)s)")
+    parser.add_argument("--tags", nargs="+", default=["val/acc", EMA_TAG], help="one panel per scalar "
+                                                                                "(default: %(default)s)")
+    parser.add_argument("--band", choices=("ci", "std"), default="ci",
+                        help="band over seeds: the 95%% Student-t interval of the mean, or one sample std")
+    parser.add_argument("--rounds", type=int, nargs="+", help="rounds of the printed val/acc_ema table")
+    parser.add_argument("--title", default="", help="a title above the panels")
+    args = parser.parse_args(argv)
+    try:
+        groups = curve_groups(args.runs)
+    except ValueError as error:
+        _error(str(error))
+    for tag in args.tags:
+        lacking = [label for label, runs in groups.items() if any(tag not in scalars for scalars in runs)]
+        if lacking:
+            _error(f"no {tag!r} logged by (a run of) {', '.join(lacking)}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from fedrcl.analysis.plots import plot_seed_groups
+
+    fig = plot_seed_groups(groups, args.tags, args.band)
+    if args.title:
+        fig.suptitle(args.title)
+    out = Path(args.out)
+    out = out.with_suffix("") if out.suffix in (".png", ".svg") else out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print("\n".join(summary_table(groups, args.rounds)), end="\n\n")
+    for suffix in (".png", ".svg"):
+        fig.savefig(out.with_name(out.name + suffix), dpi=110)
+    print(f"fedrcl plot: wrote {out}.png and {out}.svg")
+
+
+if __name__ == "__main__":
+    main()
