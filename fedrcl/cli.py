@@ -51,6 +51,7 @@ from fedrcl.federated.trainer import OWNED_BY_ROUNDS, FederatedTrainer
 # Subcommands that are not Trainer methods: name -> (module whose ``main(argv)`` runs it, one-line help).
 OTHER_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fedrcl.report", "Markdown tables of our runs beside the FedRCL paper's numbers."),
+    "plot": ("fedrcl.plot", "Accuracy and EMA curves of your runs per method, mean and 95% band over seeds."),
     "seeds": ("fedrcl.seeds", "One fit per seed of a config; fedrcl report groups them (mean, std, 95% CI)."),
 }
 EVALUATIONS = ("validate", "test")
