@@ -1,4 +1,4 @@
-"""``fedrcl plot RUNS ...``: accuracy and EMA-accuracy curves of your runs, one per method, mean and 95% band over seeds.
+"""``fedrcl plot RUNS ...``: accuracy and EMA curves of your runs, one per method, mean and 95% band over seeds.
 
     fedrcl plot runs/compare --out compare                 # compare.png and compare.svg
     fedrcl plot FedAvg=runs/fedavg FedRCL=runs/fedrcl --out compare --rounds 25 50

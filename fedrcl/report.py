@@ -1,4 +1,4 @@
-"""``fedrcl report RUNS_DIR``: your runs, their seed groups, and where they stand against the paper, in markdown.
+"""``fedrcl report RUNS_DIR``: your runs, their seed groups and where they stand against the paper, in markdown.
 
     fedrcl report runs                      # markdown to stdout
     fedrcl report runs --out report.md
@@ -6,8 +6,8 @@
 
 The report starts with your runs (a table: setting, rounds, last EMA; a run that logged fewer rounds than
 its ``trainer.rounds`` is marked as not finished), then the seed groups (below), then what was left out and
-why (a version folder without ``config.yaml``, a repeat of a run with the same seeds, a run with nothing
-logged), then the cells of the paper's tables that your runs fill (all the tables with ``--paper``).
+why (a version folder without ``config.yaml`` or without logs, a repeat of a run with the same seeds), then
+the cells of the paper's tables that your runs fill (all the tables with ``--paper``).
 
 A run is a run folder (``<save_dir>/<name>``) anywhere under ``RUNS_DIR`` whose ``version_k`` folders hold
 the ``config.yaml`` LightningCLI saved and the curves of Lightning's TensorBoardLogger (event files) or
@@ -64,7 +64,8 @@ SEED_KEYS = ("seed_everything", "trainer.seed", "data.seed")
 # or compiled clients, devices, processes, evaluation cadence; they change rounding at most).
 EXPERIMENT_IGNORES = (
     "data.root", "data.download", "data.eval_batch_size", "data.channels_last", "model.init_args.state_dir",
-    "model.init_args.max_states_in_memory", "trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar", "trainer.enable_model_summary",
+    "model.init_args.max_states_in_memory", "trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
     "trainer.enable_checkpointing", "trainer.default_root_dir", "trainer.checkpoint_every",
     "trainer.log_every_n_steps", "trainer.eval_every", "trainer.rounds", "trainer.resume_allow_changes",
     "trainer.client_batching", "trainer.compile_clients", "trainer.accelerator", "trainer.strategy",
@@ -216,14 +217,15 @@ def collect_runs(root: str | Path) -> list[RunResult]:
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"{root} is not a folder")
-    run_dirs = sorted({v.parent for v in root.rglob("version_*") if (v / "config.yaml").is_file()})
+    run_dirs = sorted({v.parent for v in root.rglob("version_*")
+                       if (v / "config.yaml").is_file() and has_logs(v)})
     runs = []
     for run_dir in run_dirs:
         groups: dict[tuple, list[Path]] = {}
         settings: dict[tuple, dict[str, Any]] = {}
         configs: dict[tuple, dict[str, Any]] = {}
         for version in sorted(run_dir.glob("version_*"), key=_version_number):
-            if not (version / "config.yaml").is_file():
+            if not (version / "config.yaml").is_file() or not has_logs(version):  # see unread_versions
                 continue
             config = yaml.safe_load((version / "config.yaml").read_text()) or {}
             setting = run_setting(config)
@@ -289,11 +291,12 @@ def _seed_label(runs: Sequence[RunResult], key: str) -> str:
     return ",".join(values)
 
 
-def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_SEED_TAGS) -> list[str]:
+def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_SEED_TAGS,
+                      root: Optional[Path] = None) -> list[str]:
     """The "Seeds" section: per experiment, per tag, mean ± std over its runs, n and the 95% interval.
 
     Values are in % for tags of accuracies (``.../acc...``), as logged otherwise; each at the last round
-    every run of the experiment logged the tag (``@`` that round).
+    every run of the experiment logged the tag (``@`` that round). Paths are shown relative to ``root``.
     """
     out = ["## Seeds", "",
            "Runs that differ only in seeds, grouped: mean ± sample std over the runs, n, and the 95% "
@@ -308,7 +311,7 @@ def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_S
     out += ["| " + " | ".join(header) + " |", "|:--|:--|:--|--:|:--|" + "--:|--:|" * len(tags)]
     for group in groups:
         s = group[0].setting
-        paths = sorted({str(r.path.parent if r.path.name.startswith("seed") else r.path) for r in group})
+        paths = sorted({_where(r.path.parent if r.path.name.startswith("seed") else r.path, root) for r in group})
         seeds = " / ".join(_seed_label(group, k) for k in SEED_KEYS)
         cells = [_md(", ".join(paths)), _md(s["method"]), _md(s["server"]), str(len(group)), seeds]
         for tag in tags:
@@ -470,8 +473,6 @@ def _render_left_out(runs: Sequence[RunResult], unread: Sequence[tuple[Path, str
                      f"(round {kept.last_round} against {dropped.last_round}); seeds and paper cells use that "
                      "one. Runs that differ only in keys that do not change what is trained (logging, "
                      "callbacks, rounds, devices: `EXPERIMENT_IGNORES`) are repeats.")
-    notes += [f"- `{_where(run.path, root)}` ({', '.join(run.versions)}): no scalar logged yet; in no seed group "
-              "or paper cell." for run in runs if not run.curves]
     return ["## Left out", "", *(notes or ["Nothing: every version folder found is in the tables above."]), ""]
 
 
@@ -529,7 +530,7 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
             placed.setdefault(id(run), []).append(cell)
     out = [f"# fedrcl report{': ' + title if title else ''}", ""]
     out += _render_runs(runs, placed, root)
-    out += render_seed_table(runs, seed_tags)
+    out += render_seed_table(runs, seed_tags, root)
     out += _render_left_out(runs, unread, root)
     if not paper_tables:
         return "\n".join(out + _render_paper_cells(tables, shown))

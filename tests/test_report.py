@@ -13,7 +13,15 @@ from torch.utils.tensorboard import SummaryWriter
 from conftest import REPO, run_cli
 from fedrcl.analysis.runs import load_scalars
 from fedrcl.cli import main
-from fedrcl.report import RunResult, _cells, collect_runs, load_paper_results, render_report, run_setting
+from fedrcl.report import (
+    RunResult,
+    _cells,
+    collect_runs,
+    load_paper_results,
+    render_report,
+    run_setting,
+    unread_versions,
+)
 
 TEX = REPO.parent / "shared" / "reference" / "fedrcl-paper.tex"
 needs_tex = pytest.mark.skipif(not TEX.exists(), reason="the paper's LaTeX source is not beside the repo")
@@ -283,3 +291,71 @@ def test_fedrcl_report_command_reads_real_runs(tmp_path, data_root, capsys):
     with pytest.raises(SystemExit) as info:
         main(["report", str(tmp_path / "missing")])
     assert info.value.code == 2
+
+
+def test_report_lists_your_runs_first_and_only_the_paper_cells_they_fill(fake_runs):
+    markdown = render_report(collect_runs(fake_runs), root=fake_runs)
+    headings = [line for line in markdown.splitlines() if line.startswith("## ")]
+    assert headings == ["## Your runs", "## Seeds", "## Left out", "## Beside the paper"]
+    assert "### CIFAR-100" not in markdown and "(paper)" not in markdown  # the full tables need --paper
+    assert "| tab:cifar100 | CIFAR-100 | FedRCL | α=0.05 | 500 | 43.71 | 50.00 (+6.29) |" in markdown
+    assert "| tab:cifar100 | CIFAR-100 | FedRCL | α=0.05 | 1000 | 54.63 | 60.00* (+5.37) |" in markdown
+    assert len(markdown.splitlines()) < 60
+    assert "cpu/cifar10_a005_cnn" in rows_of(markdown, "## Your runs")  # paths relative to RUNS_DIR
+
+
+def test_experiment_ignores_cover_the_resume_fingerprints_ignored_keys():
+    from fedrcl.federated.fingerprint import IGNORED
+    from fedrcl.report import EXPERIMENT_IGNORES
+
+    assert set(IGNORED) <= set(EXPERIMENT_IGNORES)
+
+
+def test_report_reads_csvlogger_runs(tmp_path):
+    """What Lightning's CSVLogger writes (a ``metrics.csv`` row per call, the round as its step)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    logger = CSVLogger(str(tmp_path), name="csv_run")
+    for round_idx in range(1, 4):
+        logger.log_metrics({"train/loss": 2.0 / round_idx}, step=round_idx)
+        logger.log_metrics({"val/acc": 0.1 * round_idx, "val/acc_ema": 0.05 * round_idx}, step=round_idx)
+    logger.save()
+    config = yaml.safe_dump(fake_config("cifar10", backbone="SmallCNN"))
+    (tmp_path / "csv_run" / "version_0" / "config.yaml").write_text(config)
+    scalars = load_scalars(tmp_path / "csv_run")
+    assert scalars["val/acc_ema"][0].tolist() == [1, 2, 3]
+    np.testing.assert_allclose(scalars["train/loss"][1], [2.0, 1.0, 2.0 / 3])
+    cells = rows_of(render_report(collect_runs(tmp_path), root=tmp_path), "## Your runs")["csv_run"]
+    assert cells[-3:] == ["3 of 1000, not finished", "15.00", "—"]
+
+
+def test_report_says_what_it_left_out(tmp_path):
+    config = fake_config("cifar10", backbone="SmallCNN")
+    fake_version(tmp_path / "a" / "version_0", config, {r: 0.3 for r in range(1, 21)})
+    longer = fake_config("cifar10", backbone="SmallCNN")
+    longer["trainer"].update(rounds=50, callbacks=[{"class_path": "fedrcl.analysis.RepresentationMonitor"}])
+    fake_version(tmp_path / "b" / "version_0", longer, {r: 0.4 for r in range(1, 31)})  # same seeds: a repeat
+    (tmp_path / "lightning_only" / "version_0").mkdir(parents=True)
+    (tmp_path / "c" / "version_0").mkdir(parents=True)
+    (tmp_path / "c" / "version_0" / "config.yaml").write_text(yaml.safe_dump(config))
+    markdown = render_report(collect_runs(tmp_path), unread=unread_versions(tmp_path), root=tmp_path)
+    left_out = markdown.split("## Left out\n", 1)[1].split("\n## ", 1)[0]
+    notes = [line for line in left_out.splitlines() if line.startswith("- ")]
+    assert len(notes) == 3, left_out
+    assert notes[0].startswith("- `c/version_0`: no TensorBoard event file and no CSVLogger metrics.csv")
+    assert notes[1].startswith("- `lightning_only/version_0`: no config.yaml")
+    assert notes[2].startswith("- `a` (version_0): the same experiment and seeds as `b` (version_0), which got "
+                               "further (round 30 against 20)")
+    assert rows_of(markdown, "## Seeds")["b"][2] == "1"
+
+
+@pytest.mark.parametrize("layout", ["empty", "no config"])
+def test_report_on_a_folder_without_runs_is_a_one_line_error(tmp_path, capsys, layout):
+    if layout == "no config":
+        (tmp_path / "run" / "version_0").mkdir(parents=True)
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"fedrcl report: error: no runs under {tmp_path}")
+    assert ("1 version folders without config.yaml" in err) == (layout == "no config")

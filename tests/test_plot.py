@@ -1,0 +1,98 @@
+"""``fedrcl plot``: curves per method, mean and 95% band over seeds, PNG and SVG; ``fedrcl report`` and
+``fedrcl plot`` read runs without loading Lightning."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import matplotlib
+import numpy as np
+import pytest
+from test_report import fake_config, fake_version
+
+from conftest import REPO
+from fedrcl.analysis.plots import plot_seed_groups
+from fedrcl.analysis.seed_stats import align, mean_band, t_quantile
+from fedrcl.plot import curve_groups, main
+
+matplotlib.use("Agg")
+
+
+def seeded(config: dict, seed: int) -> dict:
+    config.update(seed_everything=seed)
+    config["trainer"]["seed"] = seed
+    return config
+
+
+@pytest.fixture
+def two_methods(tmp_path):
+    """FedAvg under seeds 0-2 (EMA 0.50, 0.52, 0.54 at every round), FedRCL under seeds 0-1 (0.6, 0.7), as
+    ``fedrcl seeds`` lays them out; FedRCL's seed 1 logged rounds 1-8 of 10 only."""
+    root = tmp_path / "runs"
+    for seed, ema in enumerate((0.50, 0.52, 0.54)):
+        fake_version(root / "fedavg" / f"seed{seed}" / "version_0", seeded(fake_config(method="FedAvg"), seed),
+                     {r: ema for r in range(1, 11)})
+    for seed, ema, last in ((0, 0.6, 10), (1, 0.7, 8)):
+        fake_version(root / "fedrcl" / f"seed{seed}" / "version_0", seeded(fake_config(), seed),
+                     {r: ema for r in range(1, last + 1)})
+    return root
+
+
+def test_mean_band_is_the_t_interval_of_the_mean():
+    values = np.array([[1.0, 10.0], [3.0, 10.0], [5.0, 10.0]])  # std 2 and 0 (ddof 1)
+    mean, half = mean_band(values)
+    np.testing.assert_allclose(mean, [3.0, 10.0])
+    np.testing.assert_allclose(half, [4.302652730 * 2 / math.sqrt(3), 0.0])
+    np.testing.assert_allclose(mean_band(values, "std")[1], [2.0, 0.0])
+    np.testing.assert_allclose(mean_band(values[:1])[1], [0.0, 0.0])  # one seed: no band
+    rounds, aligned = align([(np.array([1, 2, 3]), np.array([0.1, 0.2, 0.3])), (np.array([2, 3, 4]),
+                                                                                 np.array([2.0, 3.0, 4.0]))])
+    assert rounds.tolist() == [2, 3] and aligned.tolist() == [[0.2, 0.3], [2.0, 3.0]]
+
+
+def test_curves_are_grouped_by_method_and_drawn_with_their_band(two_methods):
+    groups = curve_groups([str(two_methods)])
+    assert list(groups) == ["FedAvg", "FedRCL"] and [len(g) for g in groups.values()] == [3, 2]
+    fig = plot_seed_groups(groups, ["val/acc_ema"])
+    ax = fig.axes[0]
+    fedavg, fedrcl = ax.lines
+    np.testing.assert_allclose(fedavg.get_ydata(), 52.0, rtol=1e-6)
+    assert fedrcl.get_xdata().tolist() == list(range(1, 9))  # the rounds both seeds logged
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    half = t_quantile(2) * 2.0 / math.sqrt(3)
+    assert band.min() == pytest.approx(52.0 - half, rel=1e-5) and band.max() == pytest.approx(52.0 + half, rel=1e-5)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["FedAvg (n=3)", "FedRCL (n=2)"]
+
+
+def test_fedrcl_plot_writes_png_and_svg_and_prints_the_table(two_methods, tmp_path, capsys):
+    main([f"Baseline={two_methods / 'fedavg'}", str(two_methods / "fedrcl"), "--out", str(tmp_path / "fig.png"),
+          "--tags", "val/acc_ema", "--rounds", "5", "10"])
+    out = capsys.readouterr().out
+    assert (tmp_path / "fig.png").stat().st_size > 10_000 and (tmp_path / "fig.svg").read_text().startswith("<?xml")
+    assert "| Baseline | 3 | 52.00 ± 2.00 | 52.00 ± 2.00 | 10 |" in out
+    assert "| FedRCL | 2 | 65.00 ± 7.07 | - | 8 |" in out  # round 10: seed 1 stopped at 8
+
+
+def test_fedrcl_plot_refuses_seeds_of_different_experiments_in_one_label(two_methods, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([f"All={two_methods}", "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("fedrcl plot: error: All=") and "2 experiments" in err
+    with pytest.raises(SystemExit):
+        main([str(two_methods), "--tags", "val/loss", "--out", str(tmp_path / "x")])
+    assert "no 'val/loss' logged" in capsys.readouterr().err
+    assert not list(tmp_path.glob("x.*"))
+
+
+def test_report_and_plot_do_not_load_lightning_or_torch(two_methods, tmp_path):
+    """Both read runs in a fresh process that never imports Lightning or torch."""
+    code = (f"import sys; from fedrcl.report import main as report; from fedrcl.plot import main as plot; "
+            f"report([{str(two_methods)!r}, '--out', {str(tmp_path / 'r.md')!r}]); "
+            f"plot([{str(two_methods)!r}, '--tags', 'val/acc_ema', '--out', {str(tmp_path / 'p')!r}]); "
+            "print(sorted(m for m in ('lightning', 'torch', 'tensorboard') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "['tensorboard']"  # the event files' reader only
+    assert (tmp_path / "p.svg").is_file() and "## Your runs" in (tmp_path / "r.md").read_text()
