@@ -68,7 +68,7 @@ def main() -> None:
 
     global_eval()  # warm-up (test set normalised once, class counts built once)
     g, loc = median_seconds(global_eval, args.repeats), median_seconds(local_eval, args.repeats)
-    count = median_seconds(lambda: client_traffic(state, state), 100)
+    count = median_seconds(lambda: client_traffic([state], [state]), 100)
     round_s = median_seconds(train_round, max(1, args.repeats // 2))
     measured = g + 5 * loc
     print(f"test images {args.test}, threads {torch.get_num_threads()}")

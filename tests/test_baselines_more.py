@@ -122,7 +122,7 @@ def make(cls, **kwargs):
 def test_moon_uses_the_clients_previous_model_from_the_store(tmp_path):
     from fedrcl.algorithms import MOON
     from fedrcl.federated.context import ClientContext
-    from fedrcl.federated.federation import snapshot
+    from fedrcl.federated.weights import snapshot
 
     model = make(MOON)
     model.store = ClientStateStore(tmp_path, max_in_memory=1)
@@ -200,7 +200,7 @@ def test_level_by_level_forward_is_forward_and_grafts(backbone, x):
 def test_fedmlb_branches_are_zero_kd_at_the_global_weights_and_train_through_the_global_blocks():
     from fedrcl.algorithms import FedMLB
     from fedrcl.federated.context import ClientContext
-    from fedrcl.federated.federation import snapshot
+    from fedrcl.federated.weights import snapshot
 
     model = make(FedMLB)
     model.on_client_start(ClientContext(0, 0, 10, 1, 0, snapshot(model.backbone)))

@@ -8,7 +8,7 @@ import torch
 
 from conftest import run_cli
 from fedrcl.analysis import load_scalars
-from fedrcl.federated.communication import PARTS, client_traffic, state_bytes
+from fedrcl.federated.communication import PARTS, RoundLedger, client_traffic, state_bytes
 
 # SmallCNN on 8x8 digits (1 channel, conv padding 2, 10 classes), parameters by layer:
 # conv1 1->32 5x5: 800 + 32; conv2 32->64 5x5: 51200 + 64; fc 256->384: 98304 + 384; fc 384->192: 73728 + 192;
@@ -25,22 +25,38 @@ def test_state_bytes_by_dtype():
 
 
 def test_client_traffic_adds_what_the_method_and_the_server_send():
-    class Method:
+    """A client's bytes: the weights and, through the round's downlink and result, every extra."""
+    from fedrcl.federated.round import ClientResult, ServerRound
+    from fedrcl.federated.exchange import ClientExchange
+    from fedrcl.server import FedAvg as FedAvgServer
+
+    class Method(ClientExchange):
         def extra_download(self, client):
             return {"prototypes": torch.zeros(10, 4)}
 
-        def extra_upload(self, client):
-            return {"sums": torch.zeros(10, 4), "counts": torch.zeros(10, dtype=torch.int32)}
+        def load_download(self, client, extra):
+            pass
 
-    class Server:
+    class Server(FedAvgServer):
         def extra_broadcast(self, client):
             return {"control": torch.zeros(6, dtype=torch.float64)}
 
+        def load_broadcast(self, client, extra):
+            pass
+
     weights = {"w": torch.zeros(5)}
-    down, up = client_traffic(weights, weights, Method(), Server(), client=None)
-    assert down == {"float32": 20 + 160, "float64": 48}
-    assert up == {"float32": 20 + 160, "int32": 40}
-    assert client_traffic(weights, weights) == ({"float32": 20}, {"float32": 20})
+    upload = {"sums": torch.zeros(10, 4), "counts": torch.zeros(10, dtype=torch.int32)}
+    ledger = RoundLedger()
+    ledger.start_round(0)
+    server_round = ServerRound(Server(), Method(), 0, weights, ledger)
+    client = server_round.context(client_id=3, num_samples=7, num_steps=1, seed=0)
+    downlink = server_round.downlink(client)
+    assert set(downlink.extras) == {"broadcast", "download"}
+    server_round.add(client, ClientResult(weights, upload, None), downlink)
+    metrics = ledger.comm_metrics()
+    assert metrics["comm/down_bytes_float32"] == 20 + 160 and metrics["comm/down_bytes_float64"] == 48
+    assert metrics["comm/up_bytes_float32"] == 20 + 160 and metrics["comm/up_bytes_int32"] == 40
+    assert client_traffic([weights], [weights]) == ({"float32": 20}, {"float32": 20})
 
 
 def comm(save_dir: Path, tag: str) -> list[float]:

@@ -5,7 +5,8 @@
 - ``MyMethod``: FedProx's proximal term on the classifier only, ``CE + mu/2 ||w_head - w_head_global||^2``.
 - ``MyStatefulMethod``: also pulls each client's classifier towards the one it trained last time it took
   part (per-client state, ``PersistentClientState``).
-- ``MyMethodWithCounts``: also uploads the client's label counts (counted in the byte ledger).
+- ``MyMethodWithCounts``: also uploads the client's label counts (counted in the byte ledger), which its
+  server half adds up.
 - ``ServerLR``: a server learning rate, ``w <- w + eta * delta`` (a server optimizer of one's own).
 """
 from __future__ import annotations
@@ -100,12 +101,22 @@ class MyStatefulMethod(PersistentClientState, MyMethod):
 
 
 class MyMethodWithCounts(MyMethod):
-    """``MyMethod`` whose clients also send their label counts (one int64 per class) with their weights."""
+    """``MyMethod`` whose clients also send their label counts (one int64 per class) with their weights; the
+    server half adds them up: ``labels_trained[c]`` is how many samples of class ``c`` the sampled clients
+    held, summed over the rounds so far."""
+
+    labels_trained: Optional[Tensor] = None
 
     def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:
+        """On the client, after its last step: what it sends besides its weights."""
         dm = self.trainer.datamodule
         labels = dm.y_train[dm.client_indices[client.client_id]]
         return {"class_counts": torch.bincount(labels, minlength=dm.num_classes)}
+
+    def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
+        """On the server, in the round's sampled order: the receiving end of ``extra_upload``."""
+        counts = upload["class_counts"]
+        self.labels_trained = counts if self.labels_trained is None else self.labels_trained + counts
 
 
 class ServerLR(ServerOptimizer):

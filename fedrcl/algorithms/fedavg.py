@@ -3,7 +3,8 @@
     loss = CE(f(x), y)
 
 It is the base class of every client algorithm: subclasses override ``client_loss`` and, if they keep
-state across rounds or need the round's global model, ``on_client_start`` / ``on_client_end``.
+state across rounds or need the round's global model, ``on_client_start`` / ``on_client_end``; a method
+that exchanges more than the weights overrides the hooks of ``fedrcl.federated.exchange.ClientExchange``.
 """
 from __future__ import annotations
 
@@ -17,17 +18,18 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from fedrcl.federated.context import ClientContext
+from fedrcl.federated.exchange import ClientExchange
 from fedrcl.federated.strategy import sum_over_processes
 from fedrcl.models.output import ModelOutput
 
 Backbone = Callable[[int, int, int], nn.Module]
 
 
-class FedAvg(L.LightningModule):
+class FedAvg(ClientExchange, L.LightningModule):
     """A client algorithm: the local objective and the client optimizer (paper settings by default).
 
-    The federation (``FederatedTrainer``) swaps the global weights into ``backbone`` at each client's
-    start and calls ``on_client_start``; between rounds ``backbone`` holds the global model, which
+    The round (``fedrcl.federated.round.ClientRun``) loads the broadcast weights into ``backbone`` at each
+    client's start and calls ``on_client_start``; between rounds ``backbone`` holds the global model, which
     ``validation_step`` / ``test_step`` evaluate (top-1 accuracy and its EMA, the paper's table metric).
 
     Args:
@@ -71,6 +73,7 @@ class FedAvg(L.LightningModule):
         self.acc_ema: Optional[float] = None
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.client: Optional[ClientContext] = None
+        self.stack: Optional[Any] = None  # the round's clients while they train batched (``StackedClients``)
 
     # Batched clients (``trainer.client_batching``): tensor attributes that ``on_client_start`` sets per
     # client and ``client_loss`` reads (stacked on a client axis when clients train together); a reason
@@ -111,9 +114,8 @@ class FedAvg(L.LightningModule):
                                     gradient_clip_algorithm: Optional[str] = None) -> None:
         if self.grad_clip_norm is None:
             return
-        stacked = self.trainer.federation.stacked
-        if stacked is not None:
-            stacked.clip_grad_norm_(self.grad_clip_norm)  # per client
+        if self.stack is not None:
+            self.stack.clip_grad_norm_(self.grad_clip_norm)  # per client
         else:
             self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip_norm, gradient_clip_algorithm="norm")
 
@@ -123,14 +125,15 @@ class FedAvg(L.LightningModule):
         Written for one client; batched clients map it over the client axis (``fedrcl.federated.batched``).
         """
         loss, parts = self.client_loss(x, y, self.client_forward(x))
-        server_term = self.trainer.federation.server.client_regularizer(self._params, self.client.global_state)
+        server = self.client.server
+        server_term = None if server is None else server.client_regularizer(self._params, self.client.global_state)
         if server_term is not None:  # a term the server optimizer adds to every client's loss (FedACG)
             loss, parts["server"] = loss + server_term, server_term
         return loss, parts
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
-        stacked = self.trainer.federation.stacked
+        stacked = self.stack
         if stacked is None:
             loss, parts = self.local_loss(x, y)
         else:  # every client's step at once: losses [K]; their sum has each client's own gradient

@@ -22,7 +22,6 @@ from fedrcl.algorithms.client_memory import PersistentClientState
 from fedrcl.federated.context import ClientContext
 from fedrcl.losses.dynamic_regularizer import dual_update, dynamic_regularizer
 from fedrcl.models.output import ModelOutput
-from fedrcl.server.client_reports import server_half
 from fedrcl.server.feddyn import FedDyn as FedDynServer
 
 
@@ -34,6 +33,7 @@ class FedDyn(PersistentClientState):
     """
 
     client_tensors = ("_dual",)
+    server_half = (FedDynServer, "configs/methods/feddyn.yaml")
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -42,9 +42,8 @@ class FedDyn(PersistentClientState):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        if stage != "fit":  # evaluating a checkpoint needs neither the server half nor the sample counts
+        if stage != "fit":  # evaluating a checkpoint needs no sample counts
             return
-        self.server = server_half(self, FedDynServer, "configs/methods/feddyn.yaml")
         dm = self.trainer.datamodule
         self._total_samples = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
 
@@ -58,19 +57,18 @@ class FedDyn(PersistentClientState):
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)
-        dyn = dynamic_regularizer(list(self.backbone.parameters()), self._dual, self._anchors, self.server.alpha)
+        dyn = dynamic_regularizer(list(self.backbone.parameters()), self._dual, self._anchors, self.client.server.alpha)
         return ce + dyn, {"ce": ce, "dyn": dyn}
 
     @torch.no_grad()
     def on_client_end(self, client: ClientContext) -> None:
         own = self.load_client_state(client.client_id)
         state = {n: dual_update(torch.zeros_like(p) if own is None else own[n], p, client.global_state[n],
-                                self.server.alpha)
+                                client.server.alpha)
                  for n, p in self.backbone.named_parameters()}
         self.save_client_state(client, state)
-        self.receive_upload(client, {})
         self._anchors = []
 
     def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
-        """The server half takes a client's sample count (here, or where uploads arrive, on Flower)."""
-        self.server.receive(client.num_samples, self._total_samples)
+        """The server half takes a client's sample count (called by the round, on the server's copy)."""
+        client.server.receive(client.num_samples, self._total_samples)

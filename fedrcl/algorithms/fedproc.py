@@ -28,7 +28,6 @@ from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.federated.context import ClientContext
-from fedrcl.federated.strategy import process_sum
 from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
 from fedrcl.models.output import ModelOutput
 
@@ -98,14 +97,10 @@ class FedProc(FedAvg):
             return 0.0
         return max(0.0, 1.0 - round_idx / (self.anneal_rounds or self.trainer.max_epochs))
 
-    def on_train_epoch_end(self) -> None:
-        # At the round's end, before the checkpoint: with several processes the reports are summed over all
-        # of them here, so rank 0's checkpoint holds finished prototypes, not its own pending reports.
-        super().on_train_epoch_end()
-        self.end_server_round(process_sum(self.trainer))
-
     def end_server_round(self, reduce: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The round's reports become the prototypes (here, or on ``fedrcl.flower``'s server)."""
+        """The round's reports become the prototypes (after the server step, before the round's checkpoint;
+        with several processes ``reduce`` sums every process's reports, so rank 0's checkpoint holds finished
+        prototypes)."""
         self.prototype_server.finish_round(reduce)
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
@@ -129,10 +124,9 @@ class FedProc(FedAvg):
             s, c = class_feature_sums(z, dm.y_train[idx], dm.num_classes)
             sums, counts = (s, c) if sums is None else (sums + s, counts + c)
         self._report = {"sums": sums, "counts": counts}
-        self.receive_upload(client, self._report)
 
     def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
-        """The server half takes a client's report (here, or where its upload arrives: ``fedrcl.flower``)."""
+        """The server half takes a client's report (called by the round, on the server's copy)."""
         self.prototype_server.report(upload["sums"], upload["counts"])
 
     def extra_download(self, client: ClientContext) -> dict[str, Tensor]:
@@ -143,7 +137,7 @@ class FedProc(FedAvg):
         return {"prototypes": server.prototypes, "available": server.available}
 
     def load_download(self, client: ClientContext, extra: dict[str, Tensor]) -> None:
-        """On a client's own machine (``fedrcl.flower``): take the prototypes ``extra_download`` sent."""
+        """The client's copy takes the prototypes ``extra_download`` sent."""
         self.prototype_server.prototypes = extra.get("prototypes")
         self.prototype_server.available = extra.get("available")
 

@@ -36,7 +36,6 @@ from fedrcl.algorithms.client_memory import PersistentClientState
 from fedrcl.federated.context import ClientContext
 from fedrcl.losses.control_variate import control_variate_delta, linear_term
 from fedrcl.models.output import ModelOutput
-from fedrcl.server.client_reports import server_half
 from fedrcl.server.scaffold import SCAFFOLD as ScaffoldServer
 
 
@@ -48,6 +47,7 @@ class SCAFFOLD(PersistentClientState):
     """
 
     client_tensors = ("_correction",)
+    server_half = (ScaffoldServer, "configs/methods/scaffold.yaml")
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -57,16 +57,15 @@ class SCAFFOLD(PersistentClientState):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        if stage != "fit":  # evaluating a checkpoint needs neither the server half nor the sample counts
+        if stage != "fit":  # evaluating a checkpoint needs no sample counts
             return
-        self.server = server_half(self, ScaffoldServer, "configs/methods/scaffold.yaml")
         dm = self.trainer.datamodule
         self._total_samples = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
         names = [name for name, _ in self.backbone.named_parameters()]
-        control = self.server.control({n: client.global_state[n] for n in names})
+        control = client.server.control({n: client.global_state[n] for n in names})
         own = self.load_client_state(client.client_id)
         self._correction = torch.cat([(control[n] if own is None else control[n] - own[n]).reshape(-1)
                                       for n in names])
@@ -82,17 +81,16 @@ class SCAFFOLD(PersistentClientState):
     @torch.no_grad()
     def on_client_end(self, client: ClientContext) -> None:
         params = dict(self.backbone.named_parameters())
-        control = self.server.control(params)
+        control = client.server.control(params)
         delta = {n: control_variate_delta(client.global_state[n], p, self._lr_sum, control[n])
                  for n, p in params.items()}
         own = self.load_client_state(client.client_id)
         self.save_client_state(client, delta if own is None else {n: own[n] + d for n, d in delta.items()})
-        self.receive_upload(client, delta)
         self._upload = delta
 
     def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
-        """The server half takes a client's ``delta c_i`` (here, or where uploads arrive, on Flower)."""
-        self.server.receive(upload, client.num_samples, self._total_samples)
+        """The server half takes a client's ``delta c_i`` (called by the round, on the server's copy)."""
+        client.server.receive(upload, client.num_samples, self._total_samples)
 
     def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:
         """``delta c_i``, sent with the weights (called after ``on_client_end``)."""

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedrcl.federated.context import ClientContext
+from fedrcl.federated.federation import RoundCallback
 
 __all__ = ["ClientEvaluation", "class_accuracy_counts", "label_mix_accuracy", "spread_summary"]
 
@@ -69,7 +70,7 @@ def spread_summary(accuracies: Tensor, worst_fraction: float = 0.1) -> dict[str,
             "std": float(values.std(unbiased=False))}
 
 
-class ClientEvaluation(L.Callback):
+class ClientEvaluation(RoundCallback):
     """Every ``every_n_rounds`` rounds (counted from 1), per client and over clients:
 
     - the new global model's accuracy on each client's label mix (all clients): logged as
@@ -87,9 +88,8 @@ class ClientEvaluation(L.Callback):
     (5 clients x 50 steps of batch 50), so with the whole test set a measured round with 5 clients costs 2.3
     training rounds (+46% at ``every_n_rounds=5``); with the default 2000 images, 0.53 rounds (+11%); 1000
     images at ``every_n_rounds=10`` would be about +3%. Evaluation changes no weights and draws no random
-    numbers, so the training curve is the same with and without it. The local models come from the
-    federation's client-end point (``on_client_end(trainer, pl_module, client, local_state)``), so any round
-    loop that calls it per client works (e.g. one training all clients at once).
+    numbers, so the training curve is the same with and without it. The local models come from the round's
+    client-end point (``RoundCallback.on_client_end``), sequential or batched.
 
     Args:
         every_n_rounds: measure after every this many rounds.
@@ -196,7 +196,8 @@ class ClientEvaluation(L.Callback):
             self._write(Path(log_dir), round_number, global_mix, list(self._local.values()))
         self._local = {}
         global_seconds = time.perf_counter() - started
-        trainer.federation.ledger.add("evaluation", global_seconds)  # the local models' time is counted there
+        if self.ledger is not None:  # the local models' time is counted at their on_client_end
+            self.ledger.add("evaluation", global_seconds)
         metrics["time/client_eval_seconds"] = self._seconds + global_seconds
         self._seconds = 0.0
         for key, value in metrics.items():

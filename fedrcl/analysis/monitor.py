@@ -12,6 +12,7 @@ or ``fedrcl fit ... --trainer.callbacks+=fedrcl.analysis.RepresentationMonitor``
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import lightning as L
@@ -20,9 +21,11 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedrcl.analysis.metrics import _vci, class_covariances, deviation_bound, effective_rank
+from fedrcl.federated.context import ClientContext
+from fedrcl.federated.federation import RoundCallback
 
 
-class RepresentationMonitor(L.Callback):
+class RepresentationMonitor(RoundCallback):
     """Effective rank, VCI and class variances of each feature level, and the share of ``D(x) < 1``.
 
     After every ``every_n_rounds``-th round (rounds counted from 1) it measures the new global model,
@@ -71,7 +74,7 @@ class RepresentationMonitor(L.Callback):
         self.include_local, self.deviation, self.seed = include_local, deviation, seed
         self._test: Optional[tuple[Tensor, Tensor]] = None
         self._local: Optional[dict[str, Tensor]] = None
-        self._hook: Any = None
+        self._client_id = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not hasattr(trainer, "federation"):
@@ -80,37 +83,25 @@ class RepresentationMonitor(L.Callback):
     def _due(self, trainer: L.Trainer) -> bool:
         return (trainer.current_epoch + 1) % self.every_n_rounds == 0
 
-    # -- the last local model: its weights right after the round's last optimizer step --------------------
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        if not (self.include_local and self._due(trainer)):
+    # -- the last local model: the round's last client's weights at its end, before aggregation ------------
+    def on_client_end(self, trainer: L.Trainer, pl_module: L.LightningModule, client: ClientContext,
+                      local_state: Mapping[str, Tensor]) -> None:
+        if not self._due(trainer):
             return
-        if batch_idx != trainer.federation.plan(trainer.current_epoch).total_steps - 1:
-            return
-        # The federation aggregates in its own on_train_batch_end, which runs before this callback's, so
-        # the local weights are copied by a one-shot optimizer post-step hook. The copy taken here already
-        # equals them if the step is skipped (mixed precision with non-finite gradients).
-        self._local = {k: v.detach().clone() for k, v in pl_module.backbone.state_dict().items()}
-
-        def keep(*_: Any) -> None:
-            with torch.no_grad():
-                for key, value in pl_module.backbone.state_dict().items():
+        self._client_id = client.client_id  # the round's last call is its last client's
+        if self.include_local:  # into one buffer, reused: the last client's weights remain
+            if self._local is None:
+                self._local = {k: v.detach().clone() for k, v in local_state.items()}
+            else:
+                for key, value in local_state.items():
                     self._local[key].copy_(value)
-
-        self._hook = trainer.optimizers[0].register_step_post_hook(keep)
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
 
     # -- measuring ----------------------------------------------------------------------------------------
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._due(trainer):
             return
         started = time.perf_counter()
-        client_id = trainer.federation.plan(trainer.current_epoch).client_ids[-1]
+        client_id = self._client_id
         metrics = self.measure(pl_module.backbone, trainer.datamodule, client_id)
         if self._local is not None:
             local = self.measure(pl_module.backbone, trainer.datamodule, client_id, state=self._local)

@@ -1,7 +1,7 @@
 """FederatedDataModule: a dataset, its split into clients, and one round's batches served on the device."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -14,6 +14,7 @@ from fedrcl.data.augment import augment_batch
 from fedrcl.data.datasets import dataset_info, load_dataset
 from fedrcl.data.partition import dirichlet_partition, iid_partition, shard_partition
 from fedrcl.data.split_file import authors_split_name, check_split, read_split, write_split
+from fedrcl.federated.plan import RoundPlan
 
 Partition = Literal["dirichlet", "dirichlet_unbalanced", "shards", "iid"]
 
@@ -118,6 +119,8 @@ class FederatedDataModule(L.LightningDataModule):
         # Read now so that a malformed file stops the run before any data is loaded.
         self._file_split = None if partition_file is None else self._read_partition_file(partition_file)
         self.client_indices: list[Tensor] = []
+        # The current round's plan, handed in by the round loop (``Federation.setup``).
+        self.plan_source: Optional[Callable[[], RoundPlan]] = None
 
     @property
     def num_classes(self) -> int:
@@ -240,22 +243,24 @@ class FederatedDataModule(L.LightningDataModule):
 class RoundBatches:
     """The current round's batch stream: each planned client's batches in turn (stacked when batched).
 
-    The plan (which clients, how many steps) comes from the trainer's federation for the trainer's
-    current round; Lightning re-reads ``len`` every round.
+    The plan (which clients, how many steps, the seed) is the current round's, from the data module's
+    ``plan_source``, which the round loop hands in at setup; Lightning re-reads ``len`` every round.
     """
 
     def __init__(self, datamodule: FederatedDataModule):
         self.datamodule = datamodule
 
-    def _plan(self):
-        trainer = self.datamodule.trainer
-        return trainer.federation.plan(trainer.current_epoch)
+    def _plan(self) -> RoundPlan:
+        if self.datamodule.plan_source is None:
+            raise RuntimeError("the federated data module has no round plan: train it with a FederatedTrainer")
+        return self.datamodule.plan_source()
 
     def __len__(self) -> int:
         return self._plan().total_steps
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        plan, seed = self._plan(), self.datamodule.trainer.federation.seed
+        plan = self._plan()
+        seed = plan.seed
         if plan.batched:
             yield from self.datamodule.stacked_client_batches(plan.client_ids, plan.round_idx, plan.local_epochs,
                                                               seed)

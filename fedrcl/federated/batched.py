@@ -18,7 +18,7 @@ notice, when its clients differ in step count or batch size, when the algorithm 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Literal, Optional
 
 import torch
@@ -26,8 +26,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from fedrcl.federated.context import ClientContext
 from fedrcl.federated.plan import RoundPlan
+from fedrcl.federated.round import ClientResult, ClientRun
 
 Mode = Literal["auto", "on", "off"]
 # torch.compile backend of the batched step; tests set a cheap one ("aot_eager") to run it on the CPU.
@@ -162,36 +162,33 @@ def clip_grad_norm_(grads: list[Tensor], max_norm: float) -> None:
 class StackedClients:
     """One round's clients as one set of stacked weights, plugged into the algorithm's optimizer.
 
-    Created at the round's first step: calls the algorithm's ``on_client_start`` for every client (its
-    ``client_tensors`` are stacked), stacks the broadcast weights and points the optimizer's parameter group
-    at them (its state cleared: every client's optimizer starts fresh). ``finish`` puts the module's
-    parameters back, loads each client's weights into the backbone in turn for its ``on_client_end`` and folds
-    them into the round's weighted sum, in client order as the sequential loop does.
+    Created at the round's first step: starts every client's run (``ClientRun.start``: the broadcast weights,
+    the extras, ``on_client_start``; the tensors the algorithm names in ``client_tensors`` are stacked),
+    stacks the broadcast weights and points the optimizer's parameter group at them (its state cleared: every
+    client's optimizer starts fresh), and hands itself to the algorithm (``algorithm.stack``). ``finish`` puts
+    the module's parameters back and, for each client in turn, loads its weights into the backbone and ends
+    its run, in client order as the sequential loop does.
     """
 
-    def __init__(self, trainer: Any, pl_module: Any, plan: RoundPlan, sent: Mapping[str, Tensor], seed: int,
-                 batching: ClientBatching):
-        self.pl_module, self.batching = pl_module, batching
-        self.contexts = [
-            ClientContext(round_idx=plan.round_idx, client_id=k, num_samples=n, num_steps=steps, seed=seed,
-                          global_state=sent)
-            for k, n, steps in zip(plan.client_ids, plan.num_samples, plan.steps)]
+    def __init__(self, trainer: Any, pl_module: Any, runs: list[ClientRun], batching: ClientBatching):
+        self.pl_module, self.batching, self.runs = pl_module, batching, runs
         per_client: dict[str, list[Tensor]] = {name: [] for name in getattr(pl_module, "client_tensors", ())}
-        for context in self.contexts:
-            pl_module.on_client_start(context)
+        for run in runs:
+            run.start()
             for name, values in per_client.items():
                 values.append(getattr(pl_module, name))
         self.client_tensors = {name: torch.stack(values) for name, values in per_client.items()}
-        k = len(self.contexts)
-        self.params = {name: stack_clients(sent[name].detach(), k).requires_grad_()
+        sent = runs[0].downlink.sent
+        self.params = {name: stack_clients(sent[name].detach(), len(runs)).requires_grad_()
                        for name, _ in pl_module.backbone.named_parameters()}
         (self.optimizer,) = trainer.optimizers
         (group,) = self.optimizer.param_groups
         self._module_params, group["params"] = group["params"], list(self.params.values())
         self.optimizer.state.clear()
+        pl_module.stack = self
 
     def __len__(self) -> int:
-        return len(self.contexts)
+        return len(self.runs)
 
     def losses(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """Per-client losses ``[K]`` and loss parts (each ``[K]``) of one stacked batch."""
@@ -201,15 +198,14 @@ class StackedClients:
         clip_grad_norm_([p.grad for p in self.params.values() if p.grad is not None], max_norm)
 
     @torch.no_grad()
-    def finish(self, fold: Callable[[ClientContext], None]) -> None:
-        """Restore the optimizer; for each client in turn load its weights into the backbone, run its
-        ``on_client_end`` and ``fold(client)`` (the round loop's check and sum)."""
+    def finish(self, loss_sum: Optional[Tensor], fold: Callable[[ClientRun, ClientResult], None]) -> None:
+        """Restore the optimizer; for each client in turn load its weights into the backbone, end its run
+        (``loss_sum``: the stack's summed losses, checked with each client) and ``fold`` it."""
         self.optimizer.param_groups[0]["params"] = self._module_params
         self.optimizer.state.clear()
-        backbone = self.pl_module.backbone
-        module_params = dict(backbone.named_parameters())
-        for i, context in enumerate(self.contexts):
+        self.pl_module.stack = None
+        module_params = dict(self.pl_module.backbone.named_parameters())
+        for i, run in enumerate(self.runs):
             for name, stacked in self.params.items():
                 module_params[name].copy_(stacked[i])
-            self.pl_module.on_client_end(context)
-            fold(context)
+            fold(run, run.end(loss_sum))

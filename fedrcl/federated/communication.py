@@ -1,25 +1,12 @@
 """Communication and time per round: the bytes a deployment would send, and where the wall seconds go.
 
-Bytes: every sampled client receives what the server broadcasts (``Federation``'s ``sent`` state dict:
-the global model, or FedACG's look-ahead ``w + lam M``) and uploads its whole local state dict; every
-floating and integer entry counts, at its dtype's size (``state_bytes``). A method that sends more says
-so with two optional methods on the client algorithm, each returning the extra tensors of one client in
-the round (their bytes are added by dtype):
-
-- ``extra_download(client) -> Mapping[str, Tensor]``: received besides the weights (FedProc: the global
-  class prototypes and which classes have one);
-- ``extra_upload(client) -> Mapping[str, Tensor]``: sent besides the weights (FedProc: its per-class
-  feature sums and counts), called after ``on_client_end``.
-
-State a client keeps for itself (MOON's previous local model, on the client's disk) is not sent and counts
-nothing. A server optimizer may define ``extra_broadcast(client)`` the same way (control variates).
-
-Where clients run on other machines (``fedrcl.flower``) these extras travel in the messages, and each has
-its receiving end: ``load_broadcast(client, extra)`` on the server optimizer and ``load_download(client,
-extra)`` on the client algorithm install what came down in the client's copy before it trains;
-``receive_upload(client, upload)`` on the client algorithm hands a client's upload (``{}`` for a method that
-reports only its sample count, FedDyn) to its server half, which the round then finishes with the server
-step and, if the algorithm has it, ``end_server_round()``. In one process the client half calls them itself.
+Bytes: every sampled client receives what the server broadcasts (``ServerRound.sent``: the global model,
+or FedACG's look-ahead ``w + lam M``) and uploads its whole local state dict; every floating and integer
+entry counts, at its dtype's size (``state_bytes``). What a method sends besides the weights (its exchange
+hooks, ``fedrcl.federated.exchange``: the server's ``extra_broadcast``, the algorithm's ``extra_download``
+and ``extra_upload``) is counted with them: the round (``fedrcl.federated.round.ServerRound.add``) hands
+each client's down- and uploaded state dicts to ``RoundLedger.count_client``. State a client keeps for
+itself (MOON's previous local model, on the client's disk) is not sent and counts nothing.
 
 Time: the round's wall seconds (from one round's start to the next's) split into ``local_training``
 (clients' steps and their ``on_client_end``), ``aggregation`` (the weighted sum and the server step),
@@ -30,9 +17,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from torch import Tensor
 
@@ -47,16 +34,14 @@ def state_bytes(state: Mapping[str, Tensor]) -> Counter:
     return sizes
 
 
-def client_traffic(sent: Mapping[str, Tensor], uploaded: Mapping[str, Tensor], algorithm: Any = None,
-                   server: Any = None, client: Any = None) -> tuple[Counter, Counter]:
-    """``(down, up)`` bytes by dtype of one client in one round (see the module docstring)."""
-    down, up = state_bytes(sent), state_bytes(uploaded)
-    for owner, name, total in ((algorithm, "extra_download", down), (server, "extra_broadcast", down),
-                               (algorithm, "extra_upload", up)):
-        extra: Optional[Callable] = getattr(owner, name, None)
-        if extra is not None:
-            total.update(state_bytes(extra(client)))
-    return down, up
+def client_traffic(down: Iterable[Mapping[str, Tensor]], up: Iterable[Mapping[str, Tensor]]) -> tuple[Counter, Counter]:
+    """``(down, up)`` bytes by dtype of one client in one round: the state dicts it received and sent."""
+    received, sent = Counter(), Counter()
+    for state in down:
+        received.update(state_bytes(state))
+    for state in up:
+        sent.update(state_bytes(state))
+    return received, sent
 
 
 class RoundLedger:
@@ -79,11 +64,11 @@ class RoundLedger:
         self._seconds = dict.fromkeys(PARTS, 0.0)
         self._bytes = {"down": Counter(), "up": Counter()}
 
-    def count_client(self, sent: Mapping[str, Tensor], uploaded: Mapping[str, Tensor], algorithm: Any = None,
-                     server: Any = None, client: Any = None) -> None:
-        down, up = client_traffic(sent, uploaded, algorithm, server, client)
-        self._bytes["down"].update(down)
-        self._bytes["up"].update(up)
+    def count_client(self, down: Iterable[Mapping[str, Tensor]], up: Iterable[Mapping[str, Tensor]]) -> None:
+        """Count one client's bytes: the state dicts it received (``down``) and sent (``up``)."""
+        received, sent = client_traffic(down, up)
+        self._bytes["down"].update(received)
+        self._bytes["up"].update(sent)
 
     def add(self, part: str, seconds: float) -> None:
         """Count ``seconds`` of the current round under ``part`` (``aggregation`` or ``evaluation``)."""

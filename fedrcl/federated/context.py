@@ -1,10 +1,14 @@
-"""Round facts handed to a client algorithm, in one frozen object."""
+"""Round facts handed to a client algorithm, in one frozen object (it imports neither Lightning nor the round loop)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from fedrcl.server.base import ServerOptimizer
 
 
 @dataclass(frozen=True)
@@ -18,6 +22,9 @@ class ClientContext:
         num_steps: local optimisation steps this round (local_epochs x steps per epoch).
         seed: the federation's seed; with ``round_idx`` and ``client_id`` it fixes batches and augmentation.
         global_state: the weights the server broadcast this round (read-only; do not modify).
+        server: the client's copy of the server optimizer: its ``client_regularizer`` (FedACG's term) and,
+            for methods with a server half, that half (SCAFFOLD's control variate, FedDyn's alpha). In one
+            process it is the run's server; on a Flower node, the node's copy. ``None`` outside a round.
     """
 
     round_idx: int
@@ -26,3 +33,4 @@ class ClientContext:
     num_steps: int
     seed: int
     global_state: Mapping[str, Tensor]
+    server: Optional[ServerOptimizer] = None

@@ -1,19 +1,17 @@
 """The round loop, as a Lightning callback: one Lightning epoch is one federated round.
 
-Per round: sample clients (``sampling``), plan their steps (``plan``), snapshot the global weights,
-let the server optimizer choose what to broadcast. Then, over the round's single batch stream:
-at a client's first step load the broadcast weights into the one model object in place and call the
-algorithm's ``on_client_start`` (which resets its optimizer); at each local epoch set the client lr; at a
-client's last step call ``on_client_end`` and fold its weights into the running weighted sum
-(``aggregation``). After the round's last client the server step writes the new global weights into the
-model, before Lightning evaluates it and checkpoints it. Between rounds the model *is* the global model,
-so Lightning's checkpoint of the module holds the global weights. A client with a non-finite summed loss
-or non-finite weights, or non-finite new global weights, stop the run before the round's checkpoint
-(``divergence``).
+Per round: sample clients (``sampling``), plan their steps (``plan``), and begin the server's half of the
+round (``fedrcl.federated.round.ServerRound``) from the global weights. Then, over the round's single batch
+stream: at a client's first step start its ``ClientRun`` (broadcast weights loaded into the one model object
+in place, ``on_client_start``); at each local epoch set the client lr; at its last step end it and add its
+result to the server round. After the round's last client the server round's ``finish`` gives the new global
+weights, written into the model before Lightning evaluates and checkpoints it. Between rounds the model *is*
+the global model, so Lightning's checkpoint of the module holds the global weights. A client with a
+non-finite summed loss or non-finite weights, or non-finite new global weights, stop the run before the
+round's checkpoint (``divergence``).
 
 With ``trainer.client_batching`` the round's clients train together instead (``fedrcl.federated.batched``):
-the stream has one stacked batch per local step, and ``StackedClients`` takes the place of the per-client
-swaps above.
+the stream has one stacked batch per local step, and ``StackedClients`` starts and ends every client's run.
 
 With several processes (``fedrcl.federated.strategy.FederatedStrategy``, which ``FederatedTrainer`` picks
 for ``ddp`` or ``auto``) each process trains its share of the round's sampled clients
@@ -22,10 +20,11 @@ per step; the clients' weighted sums meet in one all-reduce per tensor at the ro
 process runs the same server step on the same mean. Lightning's plain DDP cannot run this loop: it would
 average the gradients of different clients at every step, and hang when their step counts differ.
 
-At each client's end, before aggregation, every trainer callback with a method
-``on_client_end(trainer, pl_module, client, local_state)`` is called with the client's ``ClientContext``
-and its local weights (e.g. ``fedrcl.analysis.ClientEvaluation``). ``ledger``
-(``fedrcl.federated.communication``) counts the bytes sent and splits each round's wall time.
+At each client's end, before aggregation, every ``RoundCallback`` among the trainer's callbacks has its
+``on_client_end(trainer, pl_module, client, local_state)`` called with the client's ``ClientContext`` and
+its local weights (e.g. ``fedrcl.analysis.ClientEvaluation``). ``ledger``
+(``fedrcl.federated.communication``) counts the bytes sent and splits each round's wall time; it is handed
+to every ``RoundCallback`` (``callback.ledger``) for the seconds it spends evaluating.
 """
 from __future__ import annotations
 
@@ -39,29 +38,31 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from fedrcl.federated.aggregation import WeightedSum
 from fedrcl.federated.batched import ClientBatching, StackedClients
 from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.context import ClientContext
-from fedrcl.federated.divergence import DivergenceError, all_finite, client_failure, divergence_message
+from fedrcl.federated.exchange import check_method
 from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
 from fedrcl.federated.plan import RoundPlan
+from fedrcl.federated.round import ClientResult, ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
 from fedrcl.federated.strategy import process_sum
+from fedrcl.federated.weights import load_state_, snapshot
 from fedrcl.server import FedAvg, ServerOptimizer
 from fedrcl.server.base import StatefulServer
 
 
-def load_state_(module: torch.nn.Module, state: dict[str, Tensor]) -> None:
-    """Copy ``state`` into ``module``'s parameters and buffers in place (no new tensors, no new module)."""
-    with torch.no_grad():
-        for key, tensor in module.state_dict().items():
-            tensor.copy_(state[key])
+class RoundCallback(L.Callback):
+    """A Lightning callback that also sees each client's local model: ``on_client_end`` runs at each
+    client's end, before aggregation, in ``fedrcl fit`` (not on Flower, which refuses such callbacks).
+    ``ledger`` is the run's ``RoundLedger``, handed in at setup (``ledger.add("evaluation", seconds)``)."""
 
+    ledger: Optional[RoundLedger] = None
 
-def snapshot(module: torch.nn.Module) -> dict[str, Tensor]:
-    """A detached copy of ``module``'s state on its device."""
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    def on_client_end(self, trainer: L.Trainer, pl_module: L.LightningModule, client: ClientContext,
+                      local_state: Mapping[str, Tensor]) -> None:
+        """Client ``client`` has finished; ``local_state`` is its weights (the model's own tensors: read
+        them here, copy what you keep)."""
 
 
 class Federation(L.Callback):
@@ -99,8 +100,8 @@ class Federation(L.Callback):
         self.segments: list[dict[str, Any]] = []  # deliberate changes at resumes: round and changed keys
         self._changes: dict[str, list[Any]] = {}
         self.batching = client_batching or ClientBatching("off")
-        self.stacked: Optional[StackedClients] = None  # the round's clients, while they train batched
         self.ledger = RoundLedger()
+        self.round: Optional[ServerRound] = None  # the round in progress
 
     # -- planning -----------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -109,7 +110,17 @@ class Federation(L.Callback):
             raise TypeError("FederatedTrainer needs a FederatedDataModule (data.class_path)")
         if not hasattr(pl_module, "on_client_start"):
             raise TypeError("FederatedTrainer needs a client algorithm from fedrcl.algorithms (model.class_path)")
+        check_method(pl_module, self.server, training=stage == "fit")
+        misplaced = [type(c).__name__ for c in trainer.callbacks
+                     if not isinstance(c, RoundCallback) and hasattr(c, "on_client_end")]
+        if misplaced:
+            raise TypeError(f"trainer.callbacks {', '.join(misplaced)} define on_client_end but are not "
+                            "fedrcl.federated.federation.RoundCallback subclasses: it would never be called")
+        for callback in trainer.callbacks:
+            if isinstance(callback, RoundCallback):
+                callback.ledger = self.ledger
         self.datamodule = dm
+        dm.plan_source = lambda: self.plan(trainer.current_epoch)
         if stage == "fit" and self.clients_per_round > dm.num_clients:
             raise ValueError(f"trainer.clients_per_round={self.clients_per_round} exceeds "
                              f"data.num_clients={dm.num_clients}")
@@ -140,7 +151,7 @@ class Federation(L.Callback):
                 round_idx=round_idx, client_ids=mine,
                 num_samples=tuple(dm.client_num_samples(k) for k in mine),
                 steps_per_epoch=tuple(dm.client_steps_per_epoch(k) for k in mine),
-                local_epochs=self.local_epochs)
+                local_epochs=self.local_epochs, seed=self.seed)
             device = trainer.strategy.root_device
             batched = self.batching.applies(trainer.lightning_module, self._plan, dm, device)
             self._plan = dataclasses.replace(self._plan, batched=batched)
@@ -151,30 +162,33 @@ class Federation(L.Callback):
         self._log_ledger(trainer)
         self.ledger.start_round(trainer.current_epoch)
         self._started = time.perf_counter()
-        self._global = snapshot(pl_module.backbone)
-        self._sent = self.server.broadcast(self._global)
-        self._sum = WeightedSum(self._global)
-        self._client: Optional[ClientContext] = None
-        self._failures: dict[int, str] = {}
+        self.round = ServerRound(self.server, pl_module, trainer.current_epoch, snapshot(pl_module.backbone),
+                                 self.ledger, reduce=process_sum(trainer),
+                                 vote=lambda failed: trainer.strategy.reduce_boolean_decision(failed, all=False))
+        self._runs: list[ClientRun] = []  # the clients training now (several when batched)
         self._loss_sum: Optional[Tensor] = None
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
         slot = plan.locate(batch_idx)
-        if slot.step == 0 and plan.batched:
-            load_state_(pl_module.backbone, self._sent)
-            self.stacked = StackedClients(trainer, pl_module, plan, self._sent, self.seed, self.batching)
-        elif slot.step == 0:
-            load_state_(pl_module.backbone, self._sent)
-            self._client = ClientContext(
-                round_idx=plan.round_idx, client_id=slot.client_id,
-                num_samples=plan.num_samples[slot.position], num_steps=plan.steps[slot.position],
-                seed=self.seed, global_state=self._sent)
-            pl_module.on_client_start(self._client)
+        if slot.step == 0:
+            positions = range(len(plan.client_ids)) if plan.batched else (slot.position,)
+            self._runs = [self._client_run(pl_module, plan, position) for position in positions]
+            if plan.batched:
+                StackedClients(trainer, pl_module, self._runs, self.batching)  # starts them
+            else:
+                self._runs[0].start()
         if slot.first_step_of_epoch:
+            lr = self._runs[0].lr(slot.local_epoch)
             for optimizer in trainer.optimizers:
                 for group in optimizer.param_groups:
-                    group["lr"] = pl_module.client_lr(plan.round_idx, slot.local_epoch)
+                    group["lr"] = lr
+
+    def _client_run(self, pl_module: L.LightningModule, plan: RoundPlan, position: int) -> ClientRun:
+        assert self.round is not None
+        client = self.round.context(plan.client_ids[position], plan.num_samples[position], plan.steps[position],
+                                    self.seed)
+        return ClientRun(pl_module, client, self.round.downlink(client))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -187,46 +201,30 @@ class Federation(L.Callback):
         if not slot.last_step_of_client:
             return
         if plan.batched:  # every client of the stack ends at this step
-            self.stacked.finish(lambda client: self._fold(trainer, pl_module, client))
-            self.stacked = None
+            pl_module.stack.finish(self._loss_sum, lambda run, result: self._fold(trainer, pl_module, run, result))
         else:
-            pl_module.on_client_end(self._client)
-            self._fold(trainer, pl_module, self._client)
-        self._loss_sum = None
+            self._fold(trainer, pl_module, self._runs[0], self._runs[0].end(self._loss_sum))
+        self._runs, self._loss_sum = [], None
         if batch_idx == plan.total_steps - 1:
             self.ledger.trained()
             with self.ledger.timed("aggregation"):
                 self._finish_round(trainer, pl_module)
 
-    def _fold(self, trainer: L.Trainer, pl_module: L.LightningModule, client: ClientContext) -> None:
-        """A client has finished (its weights are in the backbone): check it for divergence, count its bytes,
-        give it to the callbacks' ``on_client_end`` and add it to the round's sum. A batched round's summed
-        loss is checked with each of its clients."""
-        weights = pl_module.backbone.state_dict()
-        failure = client_failure(self._loss_sum, weights)
-        if failure is not None:
-            self._failures[client.client_id] = failure
-        self.ledger.count_client(self._sent, weights, pl_module, self.server, client)
+    def _fold(self, trainer: L.Trainer, pl_module: L.LightningModule, run: ClientRun, result: ClientResult) -> None:
+        """A client has finished (its weights are in the backbone): the round callbacks' ``on_client_end``,
+        then the server round takes it (divergence check, bytes, upload, weighted sum). A batched round's
+        summed loss is checked with each of its clients."""
         with self.ledger.timed("evaluation"):
             for callback in trainer.callbacks:
-                if callback is not self and hasattr(callback, "on_client_end"):
-                    callback.on_client_end(trainer, pl_module, client, weights)
-        with self.ledger.timed("aggregation"):
-            self._sum.add(weights, weight=float(client.num_samples))
+                if isinstance(callback, RoundCallback):
+                    callback.on_client_end(trainer, pl_module, run.client, result.weights)
+        assert self.round is not None
+        self.round.add(run.client, result, run.downlink)
 
     def _finish_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        hint = "Lower model.init_args.lr or set model.init_args.grad_clip_norm; --ckpt_path last resumes " \
-               "from the last good checkpoint."
-        # Every process decides together, so that none waits in the all-reduce below for one that stopped.
-        if trainer.strategy.reduce_boolean_decision(bool(self._failures), all=False):
-            raise DivergenceError(divergence_message(trainer.current_epoch, self._failures, hint))
-        client_mean = self._sum.mean(process_sum(trainer))
-        new_global = self.server.step(self._global, self._sent, client_mean)
-        if not all_finite(new_global.values()):
-            raise DivergenceError(f"training diverged in round {trainer.current_epoch + 1}: the server step "
-                                  f"({type(self.server).__name__}) gave non-finite global weights. {hint}")
-        load_state_(pl_module.backbone, new_global)
-        self._global = self._sent = self._sum = None
+        assert self.round is not None
+        load_state_(pl_module.backbone, self.round.finish())
+        self.round = None
         reduce = process_sum(trainer)
         self.ledger.totals(None if reduce is None else lambda n: int(reduce(
             torch.tensor(float(n), dtype=torch.float64, device=pl_module.device))))

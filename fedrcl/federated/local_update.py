@@ -2,20 +2,17 @@
 
 ``Federation`` runs a round's clients inside ``Trainer.fit``. A process that serves single clients on
 request (``fedrcl.flower``) has no fit loop, so ``LocalUpdate`` attaches the client algorithm to a
-``FederatedTrainer`` built once per process (never per client) and runs exactly what the round loop runs for
-one client: the broadcast weights loaded in place, ``on_client_start``, per local epoch the client lr, per
-step Lightning's own automatic-optimisation calls (``strategy.training_step`` -> the algorithm's
-``training_step`` -> ``local_loss``, ``strategy.backward``, ``strategy.optimizer_step`` with its
-``configure_gradient_clipping``), then ``on_client_end``. What a method exchanges besides the weights
-(``fedrcl.federated.communication``) is installed before the client starts (``load_broadcast`` on the
-process's copy of the server optimizer, ``load_download`` on the algorithm) and its ``extra_upload`` is
-returned with the weights. Batches come from
+``FederatedTrainer`` built once per process (never per client) and drives the same ``ClientRun``
+(``fedrcl.federated.round``: the broadcast weights and extras installed, ``on_client_start``, the client
+lr per local epoch, ``on_client_end``, the upload), with per step Lightning's own automatic-optimisation
+calls (``strategy.training_step`` -> the algorithm's ``training_step`` -> ``local_loss``,
+``strategy.backward``, ``strategy.optimizer_step`` with its ``configure_gradient_clipping``). The client's
+copy of the server is the process's own (``trainer.federation.server``). Batches come from
 ``FederatedDataModule.client_batches`` with the (seed, round, client) stream, so the client's weights are
 bitwise those of ``fedrcl fit`` on CPU (``tests/test_flower.py``).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,21 +21,19 @@ import torch
 from torch import Tensor
 
 from fedrcl.federated.context import ClientContext
-from fedrcl.federated.divergence import client_failure
-from fedrcl.federated.federation import load_state_, snapshot
+from fedrcl.federated.exchange import check_method
 from fedrcl.federated.plan import RoundPlan
+from fedrcl.federated.round import ClientResult, ClientRun, Downlink
+from fedrcl.federated.weights import snapshot
 
 
 @dataclass(frozen=True)
-class ClientResult:
-    """A finished client: its weights (a copy), its summed step losses by name, steps, any failure, and what
-    it uploads besides its weights (``extra_upload``; empty for most methods)."""
+class ClientReport(ClientResult):
+    """A finished client as a node reports it: its result (weights and upload copied) and its summed step
+    losses by name and its step count, for the server's per-round ``train/loss*``."""
 
-    weights: dict[str, Tensor]
     loss_sums: dict[str, float]
     steps: int
-    failure: Optional[str]
-    upload: dict[str, Tensor]
 
 
 def attach(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule) -> None:
@@ -67,38 +62,32 @@ class LocalUpdate:
         self.trainer, self.module, self.datamodule = trainer, module, datamodule
         attach(trainer, module, datamodule)
         self.federation = trainer.federation
+        check_method(module, self.federation.server)
 
-    def run(self, round_idx: int, client_id: int, sent: Mapping[str, Tensor],
-            broadcast: Mapping[str, Tensor] = {}, download: Mapping[str, Tensor] = {}) -> ClientResult:
-        """Train client ``client_id`` in round ``round_idx`` from the broadcast weights ``sent``, with what
-        the server sent besides them: ``broadcast`` (its ``extra_broadcast``) and ``download`` (the
-        algorithm's ``extra_download``)."""
+    def run(self, round_idx: int, client_id: int, downlink: Downlink) -> ClientReport:
+        """Train client ``client_id`` in round ``round_idx`` from what it received (``downlink``)."""
         trainer, module, dm = self.trainer, self.module, self.datamodule
         plan = RoundPlan(round_idx=round_idx, client_ids=(client_id,),
                          num_samples=(dm.client_num_samples(client_id),),
                          steps_per_epoch=(dm.client_steps_per_epoch(client_id),),
-                         local_epochs=self.federation.local_epochs)
-        sent = {k: v.to(module.device) for k, v in sent.items()}
+                         local_epochs=self.federation.local_epochs, seed=self.federation.seed)
+        to_device = lambda tensors: {k: v.to(module.device) for k, v in tensors.items()}  # noqa: E731
+        downlink = Downlink(to_device(downlink.sent), {k: to_device(v) for k, v in downlink.extras.items()})
         client = ClientContext(round_idx=round_idx, client_id=client_id, num_samples=plan.num_samples[0],
-                               num_steps=plan.steps[0], seed=self.federation.seed, global_state=sent)
+                               num_steps=plan.steps[0], seed=plan.seed, global_state=downlink.sent,
+                               server=self.federation.server)
+        run = ClientRun(module, client, downlink)
         module.train()
         module.on_train_epoch_start()  # the round's loss sums
-        load_state_(module.backbone, sent)
-        server = self.federation.server
-        if hasattr(server, "load_broadcast"):
-            server.load_broadcast(client, {k: v.to(module.device) for k, v in broadcast.items()})
-        if hasattr(module, "load_download"):
-            module.load_download(client, {k: v.to(module.device) for k, v in download.items()})
-        module.on_client_start(client)
+        run.start()
         optimizer = trainer.optimizers[0]
         loss_sum: Optional[Tensor] = None
-        batches = dm.client_batches(client_id, round_idx, plan.local_epochs, self.federation.seed)
         with torch.enable_grad():
-            for batch_idx, batch in enumerate(batches):
+            for batch_idx, batch in enumerate(dm.client_batches(client_id, round_idx, plan.local_epochs, plan.seed)):
                 slot = plan.locate(batch_idx)
                 if slot.first_step_of_epoch:
                     for group in optimizer.param_groups:
-                        group["lr"] = module.client_lr(round_idx, slot.local_epoch)
+                        group["lr"] = run.lr(slot.local_epoch)
                 losses: list[Tensor] = []
 
                 def closure() -> Tensor:
@@ -110,9 +99,7 @@ class LocalUpdate:
 
                 trainer.strategy.optimizer_step(optimizer, closure)
                 loss_sum = losses[-1] if loss_sum is None else loss_sum + losses[-1]
-        module.on_client_end(client)
-        weights = snapshot(module.backbone)
-        upload = module.extra_upload(client) if hasattr(module, "extra_upload") else {}
-        upload = {k: v.detach().clone() for k, v in upload.items()}
+        result = run.end(loss_sum)
         sums = {k: float(v) for k, v in module._round_loss_sums.items()}
-        return ClientResult(weights, sums, module._round_steps, client_failure(loss_sum, weights), upload)
+        return ClientReport(snapshot(module.backbone), {k: v.detach().clone() for k, v in result.upload.items()},
+                            result.failure, sums, module._round_steps)

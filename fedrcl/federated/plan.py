@@ -31,6 +31,7 @@ class RoundPlan:
         num_samples: each client's training-set size (aggregation weight).
         steps_per_epoch: each client's steps per local epoch.
         local_epochs: local epochs per client.
+        seed: the federation's seed (with the round and the client it fixes batches and augmentation).
         batched: the clients train together (``fedrcl.federated.batched``): the stream has one stacked batch
             per local step, every client's step at once, and ``locate`` reports position 0 for all of them.
     """
@@ -40,6 +41,7 @@ class RoundPlan:
     num_samples: tuple[int, ...]
     steps_per_epoch: tuple[int, ...]
     local_epochs: int
+    seed: int = 0
     batched: bool = False
 
     @cached_property

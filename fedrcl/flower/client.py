@@ -10,8 +10,8 @@ data). Messages:
 - ``train``: content ``fedrcl.round`` (``round_idx``, ``client_id``), ``fedrcl.sent`` (the broadcast
   weights) and, for methods that send more, ``fedrcl.broadcast`` / ``fedrcl.download`` (the server's
   ``extra_broadcast``, the algorithm's ``extra_download``: SCAFFOLD's ``c``, FedProc's prototypes); the client
-  algorithm's own local update runs (``fedrcl.federated.local_update.LocalUpdate``, the engine's code path
-  and (seed, round, client) streams); the reply holds ``fedrcl.weights``, ``fedrcl.upload`` (its
+  client's run (``fedrcl.federated.round.ClientRun``, driven by ``fedrcl.federated.local_update.LocalUpdate``
+  with the engine's (seed, round, client) streams); the reply holds ``fedrcl.weights``, ``fedrcl.upload`` (its
   ``extra_upload``, e.g. SCAFFOLD's ``delta c_i``; empty for most methods), the summed step losses
   ``fedrcl.train`` and ``fedrcl.status`` (a non-finite loss or weights, for the server to stop the round
   with).
@@ -38,6 +38,7 @@ from flwr.clientapp import ClientApp
 
 from fedrcl.federated.client_state import ClientStateStore
 from fedrcl.federated.local_update import LocalUpdate
+from fedrcl.federated.round import Downlink
 from fedrcl.flower.config import build, client_args
 
 _PROCESS: dict[tuple, LocalUpdate] = {}  # this process's client machinery, per (run, args, state dir)
@@ -99,8 +100,8 @@ def make_client_app() -> ClientApp:
             store.keep([str(task["kept"])] if task.get("kept") else [])
         extras = {name: message.content[f"fedrcl.{name}"].to_torch_state_dict()
                   for name in ("broadcast", "download") if f"fedrcl.{name}" in message.content}
-        sent = message.content["fedrcl.sent"].to_torch_state_dict()
-        result = update.run(round_idx, client_id, sent, **extras)
+        downlink = Downlink(message.content["fedrcl.sent"].to_torch_state_dict(), extras)
+        result = update.run(round_idx, client_id, downlink)
         written = store.file(client_id) if store is not None else None
         content = RecordDict({
             "fedrcl.weights": ArrayRecord.from_torch_state_dict(result.weights),

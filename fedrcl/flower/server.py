@@ -31,31 +31,17 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from fedrcl.cli import split_ckpt_path
 from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint, resume_path
-from fedrcl.federated.federation import Federation, load_state_
+from fedrcl.federated.federation import Federation, RoundCallback
+from fedrcl.federated.weights import load_state_
 from fedrcl.federated.local_update import attach
 from fedrcl.flower.config import Args, as_args, build, run_args
 from fedrcl.flower.strategy import FedrclStrategy
 
 
-RECEIVING_ENDS = (  # (owner, what it sends or takes, what must exist for it to cross machines)
-    ("server", "extra_broadcast", "load_broadcast"),  # installed in the client's copy of the server half
-    ("module", "extra_download", "load_download"),  # installed in the client's copy of the algorithm
-    ("module", "extra_upload", "receive_upload"),  # handed to the server half on the server
-    ("server", "receive", "receive_upload"),  # reports the client half gives its server half in-process
-)
-
-
-def unsupported(module, trainer) -> Optional[str]:
-    """Why this run cannot go through Flower (``None`` if it can): a method that exchanges more than the
-    weights needs each exchange's receiving end (``fedrcl.federated.communication``); without it a client
-    on another machine would train, or the server would step, with a part missing, so it is refused."""
-    owners = {"server": trainer.federation.server, "module": module}
-    for owner, sends, end in RECEIVING_ENDS:
-        taker = module if end == "receive_upload" else owners[owner]
-        if hasattr(owners[owner], sends) and not hasattr(taker, end):
-            return (f"{type(module).__name__} with {type(owners[owner]).__name__} has {sends} but no {end}: "
-                    "what it exchanges besides the weights cannot reach the other machine")
-    return None
+def refused_callbacks(trainer) -> list[str]:
+    """The config's callbacks that see each client's local model (``RoundCallback.on_client_end``): on Flower
+    the local models stay on the nodes, so such a run is refused."""
+    return [type(c).__name__ for c in trainer.callbacks if isinstance(c, RoundCallback)]
 
 
 def not_run(trainer) -> list[str]:
@@ -116,9 +102,10 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     args, ckpt_path = split_ckpt_path(as_args(args))
     cli = build(args)
     module, dm, trainer = cli.model, cli.datamodule, cli.trainer
-    why = unsupported(module, trainer)
-    if why:
-        raise NotImplementedError(why)
+    refused = refused_callbacks(trainer)
+    if refused:
+        raise ValueError(f"trainer.callbacks {', '.join(refused)}: they see each client's local model "
+                         "(on_client_end), which stays on its node on Flower; run them with fedrcl fit")
     ignored = not_run(trainer)
     if ignored:
         log(WARNING, "fedrcl.flower does not run these trainer.callbacks: %s", ", ".join(ignored))
@@ -126,7 +113,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     attach(trainer, module, dm)
     trainer.state.fn, trainer.state.stage = TrainerFn.FITTING, RunningStage.TRAINING
     federation = trainer.federation
-    federation.setup(trainer, module, "fit")  # the resume fingerprint kept in checkpoints
+    federation.setup(trainer, module, "fit")  # the method's check (fedrcl.federated.exchange), the fingerprint
     first_round, steps = resume(trainer, module, path) if path is not None else (0, 0)
     for callback in trainer.callbacks:
         if isinstance(callback, SaveConfigCallback):

@@ -3,17 +3,16 @@
 Per round (``server_round`` 1-based, fedrcl's ``round_idx`` = ``first_round + server_round - 1``):
 
 - ``configure_train``: the clients of ``fedrcl.federated.sampling.sample_clients`` (seeded by (seed, round),
-  never Python's global ``random``), ``sent = server.broadcast(global)`` (FedACG: the look-ahead), one
-  ``train`` message per client to the node that serves it (nodes are asked once, with a ``query`` message,
-  which clients they serve), with what the method sends besides the weights (``fedrcl.broadcast``: the
-  server's ``extra_broadcast``; ``fedrcl.download``: the algorithm's ``extra_download``);
+  never Python's global ``random``), the round's ``fedrcl.federated.round.ServerRound`` begun from the
+  global weights, and one ``train`` message per client to the node that serves it (nodes are asked once,
+  with a ``query`` message, which clients they serve) carrying its ``downlink``: ``fedrcl.sent`` (the
+  broadcast weights; FedACG: the look-ahead) and, for methods that send more, ``fedrcl.broadcast`` /
+  ``fedrcl.download`` (the server's ``extra_broadcast``, the algorithm's ``extra_download``);
 - ``aggregate_train``: the replies put back in the sampled order (never arrival order); a client that sent
-  an error, did not reply in time or reports a non-finite loss or weights stops the round with an error
-  naming it (a round never averages fewer clients); the sample-weighted float64 sum of
-  ``fedrcl.federated.aggregation.WeightedSum`` and ``server.step`` give the new global weights. Each client's
-  upload besides its weights (``fedrcl.upload``, its ``extra_upload``) goes, in the sampled order, to the
-  algorithm's ``receive_upload`` (the hook its client half calls in one process) before the server step,
-  and the algorithm's ``end_server_round`` follows it (``fedrcl.federated.communication``).
+  an error or did not reply in time stops the round with an error naming it (a round never averages fewer
+  clients); each reply (weights, ``fedrcl.upload``: its ``extra_upload``, a failure) is added to the server
+  round, whose ``finish`` gives the new global weights exactly as in ``fedrcl fit`` (divergence check,
+  ``receive_upload`` in the sampled order, server step, ``end_server_round``).
 
 The server optimizer's memory (momenta) lives in the strategy between rounds; ``ledger`` counts fedrcl's
 bytes and seconds, and ``payload`` the bytes Flower carried (``ArrayRecord.count_bytes``). For methods with
@@ -29,50 +28,22 @@ from collections.abc import Iterable, Sequence
 from logging import INFO
 from typing import Any, Optional
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedrcl.federated.aggregation import WeightedSum
 from fedrcl.federated.client_state import ClientStateStore
 from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.context import ClientContext
-from fedrcl.federated.divergence import DivergenceError, all_finite, divergence_message
+from fedrcl.federated.exchange import ClientExchange
+from fedrcl.federated.round import ClientResult, Downlink, ServerRound
 from fedrcl.federated.sampling import sample_clients
 from fedrcl.server import ServerOptimizer
 
 
 class ClientFailure(RuntimeError):
     """A client of the round sent an error or no reply: the round stops, naming it."""
-
-
-class Carried:
-    """What one client's messages carried besides the weights, seen through the ledger's hooks
-    (``fedrcl.federated.communication.client_traffic``), so that fedrcl's bytes are those Flower sent."""
-
-    def __init__(self, down: dict[str, dict[str, torch.Tensor]], up: dict[str, torch.Tensor]):
-        self.down, self.up = down, up
-
-    def extra_download(self, client: ClientContext) -> dict[str, torch.Tensor]:
-        return {f"{record}.{k}": v for record, extra in self.down.items() for k, v in extra.items()}
-
-    def extra_upload(self, client: ClientContext) -> dict[str, torch.Tensor]:
-        return self.up
-
-
-def extras_down(server: ServerOptimizer, algorithm: Any,
-                client: ClientContext) -> dict[str, dict[str, torch.Tensor]]:
-    """What ``client`` receives besides the weights, by message record: ``broadcast`` (the server
-    optimizer's ``extra_broadcast``) and ``download`` (the client algorithm's ``extra_download``), for
-    methods that have them."""
-    extras = {}
-    hooks = (("broadcast", server, "extra_broadcast"), ("download", algorithm, "extra_download"))
-    for record, owner, hook in hooks:
-        if hasattr(owner, hook):
-            extras[record] = dict(getattr(owner, hook)(client))
-    return extras
 
 
 class FedrclStrategy(Strategy):
@@ -97,15 +68,16 @@ class FedrclStrategy(Strategy):
                  run_args: Sequence[str] = (), ledger: Optional[RoundLedger] = None):
         self.server, self.num_samples = server, list(num_samples)
         self.clients_per_round, self.seed, self.first_round = clients_per_round, seed, first_round
-        self.node_wait, self.algorithm = node_wait, algorithm
+        self.node_wait = node_wait
+        self.algorithm = algorithm if algorithm is not None else ClientExchange()  # FedAvg's: sends nothing more
         self.nodes: dict[int, int] = {}  # client -> node id
         self.run_args = [str(a) for a in run_args]
         self.ledger = ledger if ledger is not None else RoundLedger()
         self.payload = {"down": 0, "up": 0}  # this round's bytes in Flower's ArrayRecords
         self.train_metrics: dict[str, float] = {}
         self.steps = 0  # local steps of every client so far (Lightning's global_step in fedrcl fit)
-        self._sent: dict[str, torch.Tensor] = {}
-        self._down: dict[int, dict[str, dict[str, torch.Tensor]]] = {}  # client -> its extras, by record
+        self.round: Optional[ServerRound] = None  # the round in progress
+        self._down: dict[int, tuple[ClientContext, Downlink]] = {}  # client -> its facts and what it received
         store = getattr(algorithm, "store", None)
         self.store = store if isinstance(store, ClientStateStore) else None  # the client-state manifest
         self.kept: dict[int, str] = {}  # client -> its file in the newest checkpoint's manifest
@@ -151,17 +123,17 @@ class FedrclStrategy(Strategy):
             self.map_nodes(grid)
         round_idx = self.round_idx(server_round)
         self.ledger.start_round(round_idx)
-        self._global = arrays.to_torch_state_dict()
-        self._sent = dict(self.server.broadcast(self._global))
+        self.round = ServerRound(self.server, self.algorithm, round_idx, arrays.to_torch_state_dict(), self.ledger)
         self._clients = sample_clients(len(self.num_samples), self.clients_per_round, self.seed, round_idx)
         self._messages = []
         self.payload = {"down": 0, "up": 0}
         for client in self._clients:
-            extras = extras_down(self.server, self.algorithm, self._context(round_idx, client))
-            self._down[client] = extras
-            records = {"fedrcl.sent": ArrayRecord.from_torch_state_dict(self._sent)}
-            for name, tensors in extras.items():
-                records[f"fedrcl.{name}"] = ArrayRecord.from_torch_state_dict(tensors)
+            context = self.round.context(client, self.num_samples[client], 0, self.seed)  # steps: the node's
+            downlink = self.round.downlink(context)
+            self._down[client] = context, downlink
+            records = {"fedrcl.sent": ArrayRecord.from_torch_state_dict(dict(downlink.sent))}
+            for name, tensors in downlink.extras.items():
+                records[f"fedrcl.{name}"] = ArrayRecord.from_torch_state_dict(dict(tensors))
             self.payload["down"] += sum(record.count_bytes() for record in records.values())
             task = {"round_idx": round_idx, "client_id": client}
             if self.store is not None:
@@ -172,10 +144,6 @@ class FedrclStrategy(Strategy):
             self._messages.append(Message(content, dst_node_id=self.nodes[client], message_type="train",
                                           group_id=str(server_round)))
         return self._messages
-
-    def _context(self, round_idx: int, client: int) -> ClientContext:
-        return ClientContext(round_idx=round_idx, client_id=client, num_samples=self.num_samples[client],
-                             num_steps=0, seed=self.seed, global_state=self._sent)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
@@ -194,9 +162,8 @@ class FedrclStrategy(Strategy):
         if missing:
             raise ClientFailure(f"round {round_idx + 1}: no reply from clients {missing} within the timeout "
                                 "(Strategy.start's timeout). The round is not aggregated.")
+        assert self.round is not None
         self.ledger.trained()
-        total = WeightedSum(self._global)
-        failures: dict[int, str] = {}
         sums: dict[str, float] = {}
         steps = 0
         for client in self._clients:  # the sampled order
@@ -204,34 +171,21 @@ class FedrclStrategy(Strategy):
             record = reply.content["fedrcl.weights"]
             uploaded = reply.content["fedrcl.upload"] if "fedrcl.upload" in reply.content else ArrayRecord()
             self.payload["up"] += record.count_bytes() + uploaded.count_bytes()
-            weights, upload = record.to_torch_state_dict(), uploaded.to_torch_state_dict()
             status = reply.content["fedrcl.status"]
-            if status["failure"]:
-                failures[client] = str(status["failure"])
             if self.store is not None and status.get("state_file"):
                 self.store.adopt({client: str(status["state_file"])})
-            context = self._context(round_idx, client)
-            self.ledger.count_client(self._sent, weights, Carried(self._down[client], upload), None, context)
-            if hasattr(self.algorithm, "receive_upload"):  # the server half takes it, as in one process
-                with self.ledger.timed("aggregation"):
-                    self.algorithm.receive_upload(context, upload)
-            with self.ledger.timed("aggregation"):
-                total.add(weights, weight=float(self.num_samples[client]))
+            context, downlink = self._down[client]
+            result = ClientResult(record.to_torch_state_dict(), uploaded.to_torch_state_dict(),
+                                  str(status["failure"]) or None)
+            self.round.add(context, result, downlink)
             metrics = reply.content["fedrcl.train"]
             steps += int(metrics["steps"])
             for key, value in metrics.items():
                 if key not in ("client_id", "steps"):
                     sums[key] = sums.get(key, 0.0) + float(value)
-        hint = "Lower model.init_args.lr or set model.init_args.grad_clip_norm."
-        if failures:
-            raise DivergenceError(divergence_message(round_idx, failures, hint))
         with self.ledger.timed("aggregation"):
-            new_global = self.server.step(self._global, self._sent, total.mean())
-            if hasattr(self.algorithm, "end_server_round"):
-                self.algorithm.end_server_round()
-        if not all_finite(new_global.values()):
-            raise DivergenceError(f"training diverged in round {round_idx + 1}: the server step "
-                                  f"({type(self.server).__name__}) gave non-finite global weights. {hint}")
+            new_global = self.round.finish()
+        self.round = None
         self.ledger.totals()
         self.steps += steps
         self.train_metrics = {f"train/{k}": v / steps for k, v in sums.items()}

@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from fedrcl.federated.exchange import ServerExchange
+
 State = dict[str, Tensor]
 
 
@@ -42,8 +44,9 @@ def check_positive(name: str, value: float) -> None:
         raise ValueError(f"trainer.server.init_args.{name} must be > 0, got {value}")
 
 
-class ServerOptimizer:
-    """Base class: broadcast the global model unchanged; no client term; no server memory."""
+class ServerOptimizer(ServerExchange):
+    """Base class: broadcast the global model unchanged; no client term; no server memory; nothing sent
+    besides the weights (``fedrcl.federated.exchange``: ``extra_broadcast`` / ``load_broadcast``)."""
 
     def broadcast(self, global_state: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
         """Weights the round's clients start from (not modified by the caller)."""

@@ -5,30 +5,18 @@ that client's sample count and tensors (``ClientReports.add``); the server folds
 Sums are float64 with integer sample-count weights, so (as in ``fedrcl.federated.aggregation``) they do not
 depend on the order in which clients finish or on how they are split over processes. With several
 processes, ``total`` sums each process's part in one all-reduce per tensor; every process calls it at the
-same point of the round (the server step), after the round's aggregation. The reports travel inside
-the process (the client half calls its server half, ``trainer.federation.server``); on Flower, where clients
-run in other processes, they come back in the replies and the server's copy of the client algorithm hands
-them over (``receive_upload``, ``fedrcl.federated.communication``).
+same point of the round (the server step), after the round's aggregation. The round hands each client's
+upload to the server's copy of the client algorithm (``receive_upload``, ``fedrcl.federated.exchange``),
+which reports it to its server half (``client.server``), in one process and on Flower alike.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-
-
-def server_half(module: Any, server_type: type, overlay: str) -> Any:
-    """The run's server optimizer, checked to be ``module``'s server half (in ``setup``, so that a wrong
-    pairing stops before training); the error names ``trainer.server`` and the overlay setting both halves."""
-    server = module.trainer.federation.server
-    if not isinstance(server, server_type):
-        raise ValueError(f"model {type(module).__name__} needs trainer.server "
-                         f"fedrcl.server.{server_type.__name__} (its server half), got {type(server).__name__}: "
-                         f"add --config {overlay}")
-    return server
 
 
 def _sum_over_processes(tensor: Tensor) -> Tensor:

@@ -51,6 +51,12 @@ class SCAFFOLD(StatefulServer):
         self.control(delta)  # c = 0 with the parameters' dtype if no client in this process read it yet
         self.reports.add(num_samples, total_samples, delta)
 
+    def broadcast(self, global_state: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
+        """The global model; ``c`` is created (0) over its floating-point entries before the first round, so
+        that every round sends it."""
+        self.control({k: v for k, v in global_state.items() if v.is_floating_point()})
+        return global_state
+
     def extra_broadcast(self, client: Any) -> Mapping[str, Tensor]:
         return self.memory.get("control", {})
 
