@@ -6,47 +6,35 @@
     fedrcl validate --config configs/quickstart.yaml \
         --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
     fedrcl report runs          # our runs beside the paper's tables (fedrcl.report)
+    fedrcl plot runs            # accuracy and EMA curves per method (fedrcl.plot)
     fedrcl seeds --seeds 0 1 2 --config configs/quickstart.yaml     # one fit per seed (fedrcl.seeds)
 
-Keys are never abbreviated (``--trainer.round`` is an error, not ``--trainer.rounds``). ``validate`` and
-``test`` log to ``<save_dir>/<name>/<subcommand>_k``, beside the fit run's ``version_k`` folders, so they
-never join its training curves (``fedrcl.analysis.load_scalars``, the notebooks, ``fedrcl report``).
-``torch_threads`` sets torch's CPU thread count (``configs/quickstart.yaml``: 1).
+This module reads the subcommand before it imports Lightning: ``fedrcl --help``, a wrong subcommand and
+``OTHER_SUBCOMMANDS`` (``report``, ``seeds``, ...) never load it; ``fit``, ``validate`` and ``test`` go to
+``fedrcl.lightning_cli`` (LightningCLI), whose names (``FedRCLCLI``, ``build_cli``, ...) are also reachable
+here, imported on first use.
 
-Errors: a bad value, file, checkpoint or config ends in ``fedrcl: error: <message>`` (the key or file, what
-was found, what is allowed), exit status 1, or 2 for a config the parser refuses (no usage dump);
-``FEDRCL_DEBUG=1`` shows the traceback. A fedrcl error is one fedrcl raises itself (``user_error``); any
-other keeps its traceback. A start that fails before it logged anything leaves no run folder behind.
-A run stopped by SIGTERM ends after its round with exit status 143 and one line saying how to resume
-(``fedrcl.federated.preemption``).
+Errors: a bad value, file, checkpoint or config ends in ``fedrcl: error: <message>`` (the key as typed or
+the file, what was found, what is allowed), exit status 1, or 2 for a config the parser refuses (no usage
+dump); ``FEDRCL_DEBUG=1`` shows the traceback. A fedrcl error is one fedrcl raises itself (``user_error``),
+also when a library wraps it (a model constructor's ``ValueError`` inside jsonargparse's), or a file that
+cannot be written (a full disk, a read-only folder); any other keeps its traceback. A start that fails before
+it logged anything leaves no run folder behind. A run stopped by SIGTERM ends after its round with exit
+status 143 and one line saying how to resume (``fedrcl.federated.preemption``).
 """
 from __future__ import annotations
 
-import ast
-import inspect
+import argparse
+import errno
 import os
 import re
 import shlex
-import shutil
 import sys
-import textwrap
 import traceback
+from collections.abc import Sequence
 from importlib import import_module
 from pathlib import Path
 from typing import Any, Optional
-
-import lightning
-import torch
-import yaml
-from jsonargparse import ActionConfigFile, ActionSubCommands, ArgumentParser, DefaultHelpFormatter, Namespace
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-
-from fedrcl.algorithms import FedAvg
-from fedrcl.data.datamodule import FederatedDataModule
-from fedrcl.data.datasets import DataUnavailableError, dataset_info
-from fedrcl.federated.checkpoint import check_readable
-from fedrcl.federated.preemption import Preempted
-from fedrcl.federated.trainer import OWNED_BY_ROUNDS, FederatedTrainer
 
 # Subcommands that are not Trainer methods: name -> (module whose ``main(argv)`` runs it, one-line help).
 OTHER_SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -54,209 +42,38 @@ OTHER_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("fedrcl.plot", "Accuracy and EMA curves of your runs per method, mean and 95% band over seeds."),
     "seeds": ("fedrcl.seeds", "One fit per seed of a config; fedrcl report groups them (mean, std, 95% CI)."),
 }
-EVALUATIONS = ("validate", "test")
-KNOWN_SUBCLASSES = ", known subclasses: "  # how jsonargparse's --help ends a class argument's choices
+# The Trainer's subcommands (LightningCLI's, without ``predict``) and their help: the first paragraph of
+# ``FederatedTrainer``'s method docstrings, written here so that ``fedrcl --help`` needs no Lightning.
+TRAINER_SUBCOMMANDS: dict[str, str] = {
+    "fit": "Train the federation round by round, evaluating and checkpointing the global model.",
+    "validate": "Evaluate a checkpoint's global model on the test set (``val/acc``, and the checkpoint's "
+                "accuracy EMA).",
+    "test": "Evaluate a checkpoint's global model on the test set, logged as ``test/acc``.",
+}
+DESCRIPTION = "FedRCL and its baselines: federated learning runs."
+# Errors of the file system that are the machine's state, not a bug: a full disk, a read-only or foreign folder.
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-def _num_classes(dataset: str) -> int:
-    return dataset_info(dataset).num_classes
+class CommandParser(argparse.ArgumentParser):
+    """argparse whose refusal is ``fedrcl: error: ...`` and where the options are listed (no usage dump), as
+    the subcommands' own parser (``fedrcl.lightning_cli.FedRCLParser``) answers."""
 
-
-def _in_channels(dataset: str) -> int:
-    return dataset_info(dataset).in_channels
-
-
-def _image_size(dataset: str) -> int:
-    return dataset_info(dataset).image_size
-
-
-def _left_to_subclasses(method: Any) -> bool:
-    """Whether ``method`` only raises ``NotImplementedError`` (after its docstring)."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
-    except (OSError, TypeError, SyntaxError):
-        return False
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.FunctionDef) else []
-    body = [node for node in body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
-    return len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.dump(body[0])
-
-
-def selectable(class_path: str) -> bool:
-    """Whether ``--help`` lists ``class_path`` as a choice: a fedrcl client method, server optimizer or backbone
-    only if its package exports it (``__all__``) and it implements every method (not ``GlobalTeacherClient``,
-    ``FedOpt``, ``ServerOptimizer``)."""
-    parts = class_path.split(".")
-    if parts[0] != "fedrcl" or len(parts) < 3 or parts[1] not in ("algorithms", "server", "models"):
-        return True
-    package = import_module(".".join(parts[:2]))
-    cls = getattr(package, parts[-1], None)
-    if parts[-1] not in getattr(package, "__all__", ()) or not isinstance(cls, type):
-        return False
-    return not any(inspect.isfunction(getattr(cls, name, None)) and _left_to_subclasses(getattr(cls, name))
-                   for name in dir(cls) if not name.startswith("__"))
-
-
-class FedRCLHelpFormatter(DefaultHelpFormatter):
-    """jsonargparse's ``--help`` whose "known subclasses" lists keep the ``selectable`` ones (and, for a
-    backbone, fedrcl's models rather than every ``torch.nn.Module`` imported so far)."""
-
-    def _get_help_string(self, action: Any) -> str:
-        text = super()._get_help_string(action)
-        head, found, listed = text.partition(KNOWN_SUBCLASSES)
-        if not found or not listed.endswith(")"):
-            return text
-        paths = listed[:-1].split(", ")
-        modules = "torch.nn.Module" in paths
-        paths = [p for p in paths if selectable(p) and (p.startswith("fedrcl.models.") or not modules)]
-        return head + (KNOWN_SUBCLASSES + ", ".join(paths) if paths else "") + ")"
-
-
-class ConfigFile(ActionConfigFile):
-    """``--config``: a YAML syntax error names the file, line and column (jsonargparse names neither)."""
-
-    def __call__(self, parser, cfg, values, option_string=None):
-        path = Path(str(values))
-        if path.is_file():
-            if not path.read_text(encoding="utf-8", errors="replace").strip():
-                raise TypeError(f"{path}: the configuration file is empty (give it at least one key, or leave "
-                                "out this --config)")
-            try:
-                yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
-            except yaml.MarkedYAMLError as e:
-                mark = e.problem_mark or e.context_mark
-                where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-                raise TypeError(f"{path}: not valid YAML ({where}{e.problem or e.context})") from None
-            except (UnicodeDecodeError, yaml.YAMLError) as e:
-                raise TypeError(f"{path}: not valid YAML ({e})") from None
-        super().__call__(parser, cfg, values, option_string)
-
-
-class FedRCLParser(LightningArgumentParser):
-    """Lightning's parser whose subcommand list also shows ``OTHER_SUBCOMMANDS`` (run by ``main``), without the
-    Trainer arguments the round loop sets itself (``OWNED_BY_ROUNDS``), whose help lists the classes a run
-    accepts (``FedRCLHelpFormatter``; also in jsonargparse's ``--<key>.help`` parsers, made of this class), and
-    whose errors are a few lines."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", FedRCLHelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def add_lightning_class_args(self, lightning_class: Any, nested_key: str, subclass_mode: bool = False,
-                                 required: bool = True) -> list[str]:
-        if isinstance(lightning_class, type) and issubclass(lightning_class, FederatedTrainer):
-            return self.add_class_arguments(lightning_class, nested_key, fail_untyped=False, instantiate=False,
-                                            sub_configs=True, skip=set(OWNED_BY_ROUNDS))
-        return super().add_lightning_class_args(lightning_class, nested_key, subclass_mode, required)
-
-    def error(self, message: str, ex: Optional[Exception] = None) -> None:
-        """``fedrcl fit: error: <message>`` and where the options are listed; exit status 2 (argparse's).
-        ``FEDRCL_DEBUG=1``: jsonargparse's own report."""
-        if os.environ.get("FEDRCL_DEBUG") == "1" or not self.exit_on_error:
-            super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        prog = parser.prog.replace(" [options]", "")
-        print(f"{prog}: error: {parse_error_text(message)}\n(all options: {prog} --help)", file=sys.stderr)
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {message}\n(all options: {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
 
-    def add_subcommands(self, *args: Any, **kwargs: Any) -> ActionSubCommands:
-        self.subcommands_action = super().add_subcommands(*args, **kwargs)
-        return self.subcommands_action
 
-
-class FedRCLCLI(LightningCLI):
-    """LightningCLI with the dataset's shape linked into the model, so it is never typed twice.
-
-    Differences from LightningCLI: no abbreviated keys; no ``predict`` (a federated run has nothing to
-    predict); ``validate`` / ``test`` report the checkpoint's own accuracy EMA and log apart from the fit
-    runs; ``torch_threads``.
-    """
-
-    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
-        kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.__version__}"])
-        parser = self.parser_class(allow_abbrev=False, **kwargs)
-        parser.add_argument("-c", "--config", action=ConfigFile,
-                            help="Path to a configuration file in yaml format (several: later ones win).")
-        return parser
-
-    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any],
-                     subparser_kwargs: dict[str, Any]) -> None:
-        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
-        if add_subcommands:  # listed in --help; main() runs them before LightningCLI is built
-            for name, (_, text) in OTHER_SUBCOMMANDS.items():
-                self.parser.subcommands_action.add_subcommand(name, ArgumentParser(description=text),
-                                                              help=text)
-
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
-        return {name: skip for name, skip in LightningCLI.subcommands().items() if name != "predict"}
-
-    def add_arguments_to_parser(self, parser) -> None:
-        parser.add_argument("--torch_threads", type=Optional[int], default=None,
-                            help="CPU threads of torch (torch.set_num_threads); null: torch's default "
-                                 "(OMP_NUM_THREADS, else one per core). 1 is fastest for small models on "
-                                 "shared cores.")
-        parser.link_arguments("data.dataset", "model.init_args.num_classes", compute_fn=_num_classes)
-        parser.link_arguments("data.dataset", "model.init_args.in_channels", compute_fn=_in_channels)
-        parser.link_arguments("data.dataset", "model.init_args.image_size", compute_fn=_image_size)
-
-    def parse_arguments(self, parser, args) -> None:
-        super().parse_arguments(parser, args)
-        # LightningCLI reads ckpt_path next (for hyperparameters): name an empty or truncated file first.
-        subcommand = self.config.get("subcommand")
-        check_readable((self.config[subcommand] if subcommand else self.config).get("ckpt_path"))
-
-    def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        if config.get("torch_threads") is not None:
-            if config.torch_threads < 1:
-                raise ValueError(f"torch_threads must be >= 1 or null, got {config.torch_threads}")
-            torch.set_num_threads(config.torch_threads)
-        if self.subcommand in EVALUATIONS:
-            _log_apart(config.trainer, self.subcommand)
-
-    def instantiate_classes(self) -> None:
-        super().instantiate_classes()
-        # Which run folders exist before this start writes anything (``remove_failed_start``).
-        folders = [Path(logger.log_dir) for logger in self.trainer.loggers if getattr(logger, "log_dir", None)]
-        self._run_folders = [(p, p.exists()) for p in folders]
-        self._run_parents = [(p.parent, p.parent.exists()) for p in folders]
-
-
-def _log_apart(trainer: Namespace, subcommand: str) -> None:
-    """Point the run's file loggers at ``<save_dir>/<name>/<subcommand>_k`` (``runs/quickstart/validate_0``):
-    beside the fit run's ``version_k`` folders, never one of them, so ``--ckpt_path last`` still finds the
-    run's checkpoints while its curves, run list and report stay as the fit wrote them."""
-    if trainer.logger in (None, True):  # FederatedTrainer's default logger, made explicit
-        trainer.logger = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
-                                   init_args=Namespace(save_dir=trainer.get("default_root_dir") or "runs",
-                                                       name="fedrcl", version=None))
-    for logger in trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]:
-        args = logger.get("init_args") if isinstance(logger, Namespace) else None
-        if args is None or not {"save_dir", "name", "version"} <= set(vars(args)) or args.version is not None:
-            continue
-        run_dir = Path(args.save_dir or ".") / (args.name or "")
-        taken = [p.name.removeprefix(f"{subcommand}_") for p in run_dir.glob(f"{subcommand}_*")]
-        args.version = f"{subcommand}_{max((int(k) + 1 for k in taken if k.isdigit()), default=0)}"
-
-
-def parse_error_text(message: str) -> str:
-    """jsonargparse's message, shortened to what was wrong: an unknown key says so, and a key the round loop
-    sets says which key to use instead; a class that cannot be imported is named with the reason."""
-    for key, (_, instead) in OWNED_BY_ROUNDS.items():
-        if f"trainer.{key}" in message and ("unrecognized" in message or "does not accept" in message):
-            return f"trainer.{key} is set by fedrcl's round loop: {instead}"
-    link = re.match(r"Call to compute_fn of link '\w+\(([\w.]+)\) --> [\w.]+' with args \((.*?)\) failed: (.*)",
-                    message.strip(), re.S)
-    if link:  # a linked value (data.dataset -> the model's class count) could not be derived
-        return f"{link.group(1)} {link.group(2)}: {link.group(3).strip()}"
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    if lines and lines[0].startswith("Parser key") and any("class_path" in line for line in lines):
-        key = lines[0].removeprefix("Parser key").strip(' ":')
-        given = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")), "?")
-        cause = next((lines[i + 1] for i, line in enumerate(lines[:-1])
-                      if line.startswith("- Problem with given class_path")), "")
-        return f"--{key} {given}: not a class fedrcl can import ({cause})"
-    return "\n".join(lines[:6])
+def command_parser() -> CommandParser:
+    """``fedrcl`` above its subcommands: their list for ``--help`` and the refusal of an unknown one."""
+    names = [*TRAINER_SUBCOMMANDS, *OTHER_SUBCOMMANDS]
+    parser = CommandParser(prog="fedrcl", description=DESCRIPTION,
+                           epilog="Each subcommand lists its own options: fedrcl fit --help.")
+    subcommands = parser.add_subparsers(title="subcommands", dest="subcommand", required=True,
+                                        metavar="{" + ",".join(names) + "}")
+    for name, text in [*TRAINER_SUBCOMMANDS.items(), *((k, v[1]) for k, v in OTHER_SUBCOMMANDS.items())]:
+        subcommands.add_parser(name, help=text.replace("%", "%%"), add_help=False)  # argparse formats help
+    return parser
 
 
 def user_error(error: BaseException) -> bool:
@@ -272,30 +89,93 @@ def user_error(error: BaseException) -> bool:
     return Path(last.filename).resolve().is_relative_to(package) and (last.line or "").lstrip().startswith("raise")
 
 
-def report_user_error(error: BaseException, prog: str = "fedrcl") -> bool:
-    """Print a fedrcl error (``user_error``, or data that cannot be found or fetched) as one message without
-    its traceback; ``False`` for any other error, and with ``FEDRCL_DEBUG=1``, whose traceback the caller
-    shows."""
-    if os.environ.get("FEDRCL_DEBUG") == "1" or not (isinstance(error, DataUnavailableError)
-                                                      or user_error(error)):
+def disk_error(error: Optional[BaseException]) -> Optional[OSError]:
+    """The ``OSError`` of a full disk or an unwritable folder that ``error`` is or was raised from (torch wraps
+    a failed write in a ``RuntimeError``), else ``None``."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError) and error.errno in DISK_ERRORS:
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def fedrcl_error(error: BaseException) -> Optional[BaseException]:
+    """The fedrcl error (``user_error``) that ``error`` is or was raised from (``raise ... from``): jsonargparse
+    wraps what a constructor refuses (``--model.init_args.lr -0.1``) in a ``ValueError`` of its own."""
+    while error is not None:
+        if user_error(error):
+            return error
+        error = error.__cause__
+    return None
+
+
+def _typed(argv: Sequence[str]) -> list[tuple[str, str]]:
+    """``(key, value)`` of each ``--key value`` / ``--key=value`` in ``argv``, as typed (without ``--``)."""
+    pairs = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--") and "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            pairs.append((key, value))
+        elif arg.startswith("--") and i + 1 < len(argv):
+            pairs.append((arg[2:], argv[i + 1]))
+    return pairs
+
+
+def with_typed_key(error: BaseException, argv: Sequence[str]) -> str:
+    """``error``'s message naming the constructor argument it refuses by the key the user typed.
+
+    A constructor names its own argument (``model.lr``, ``conv_padding``); the user typed
+    ``--model.init_args.lr -0.1``. The argument is one of the raising ``__init__``'s parameters named in the
+    message whose typed key ends in it with the value it received. A dotted name in the message becomes the
+    typed key; a bare one gets ``--key value:`` in front. Unchanged when no typed key matches (a value from a
+    config file)."""
+    import yaml
+
+    message, tb = str(error), error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None or tb.tb_frame.f_code.co_name != "__init__":
+        return message
+    code, values = tb.tb_frame.f_code, tb.tb_frame.f_locals
+    params = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
+    for name in params:
+        mentioned = re.search(rf"(?<![\w.])((?:\w+\.)*){re.escape(name)}\b", message)
+        if not mentioned:
+            continue
+        for key, value in reversed(_typed(argv)):  # the last one typed wins, as in the parser
+            try:
+                same = key.split(".")[-1] == name and yaml.safe_load(value) == values.get(name)
+            except yaml.YAMLError:
+                same = False
+            if same:
+                if mentioned.group(1):
+                    return message[:mentioned.start()] + key + message[mentioned.end():]
+                return f"--{key} {value}: {message}"
+    return message
+
+
+def report_user_error(error: BaseException, prog: str = "fedrcl", argv: Sequence[str] = ()) -> bool:
+    """Print a fedrcl error (``fedrcl_error``, data that cannot be found or fetched, a file that cannot be
+    written) as one message without its traceback, naming the key as typed in ``argv``; ``False`` for any
+    other error, and with ``FEDRCL_DEBUG=1``, whose traceback the caller shows."""
+    if os.environ.get("FEDRCL_DEBUG") == "1":
         return False
-    print(f"{prog}: error: {error}\n(FEDRCL_DEBUG=1 shows where it was raised)", file=sys.stderr, flush=True)
+    data = sys.modules.get("fedrcl.data.datasets")
+    ours = fedrcl_error(error)
+    disk = disk_error(error)
+    if ours is not None:
+        message = with_typed_key(ours, argv)
+    elif data is not None and isinstance(error, data.DataUnavailableError):
+        message = str(error)
+    elif disk is not None:
+        where = f"{disk.filename}: " if disk.filename else ""
+        message = f"cannot write {where}{disk.strerror or os.strerror(disk.errno)}"
+    else:
+        return False
+    print(f"{prog}: error: {message}\n(FEDRCL_DEBUG=1 shows where it was raised)", file=sys.stderr, flush=True)
     return True
-
-
-def remove_failed_start(cli: Optional[FedRCLCLI]) -> None:
-    """After a failure before anything was logged: delete the run folder this start made (its
-    ``config.yaml``, ``split.json``, an empty event file) and a run-name folder it left empty; never a folder
-    that existed before, nor one holding a checkpoint."""
-    trainer = getattr(cli, "trainer", None)
-    if trainer is None or trainer.logged_metrics or not trainer.is_global_zero:
-        return
-    for folder, existed in getattr(cli, "_run_folders", []):
-        if not existed and folder.is_dir() and not any(folder.rglob("*.ckpt")):
-            shutil.rmtree(folder, ignore_errors=True)
-        if not existed and folder.parent.is_dir() and not any(folder.parent.iterdir()) \
-                and (folder.parent, False) in getattr(cli, "_run_parents", []):
-            folder.parent.rmdir()
 
 
 def split_ckpt_path(args: list[str]) -> tuple[list[str], Optional[str]]:
@@ -322,26 +202,15 @@ def resume_command(argv: list[str]) -> str:
     return shlex.join(["fedrcl", *split_ckpt_path(argv)[0], "--ckpt_path", "last"])
 
 
-def build_cli(args: list[str] | None = None, cli: Optional[FedRCLCLI] = None) -> FedRCLCLI:
-    """Parse ``args`` (default: the command line), then run the subcommand; returns the CLI object (``cli``,
-    made by ``FedRCLCLI.__new__``, if given)."""
-    cli = cli if cli is not None else FedRCLCLI.__new__(FedRCLCLI)
-    cli.__init__(FedAvg, FederatedDataModule, trainer_class=FederatedTrainer, subclass_mode_model=True,
-                     parser_class=FedRCLParser, seed_everything_default=0,
-                     parser_kwargs={"prog": "fedrcl",
-                                    "description": "FedRCL and its baselines: federated learning runs."},
-                     save_config_kwargs={"overwrite": True}, args=args)
-    return cli
-
-
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``fedrcl`` console script (exit status 0 on success).
 
-    ``OTHER_SUBCOMMANDS`` (``fedrcl report ...``) go to their module's ``main``; the rest to LightningCLI.
-    Classes named in a config (``--model my_method.MyMethod``) are also looked up in the current folder.
-    An error of fedrcl's (``user_error``, or data that cannot be found or fetched) ends in its message and
-    exit status 1, without a traceback unless ``FEDRCL_DEBUG=1``; a run stopped by a signal
-    (``Preempted``) in one line saying how to resume it, with exit status 128 + the signal.
+    ``--help`` and an unknown subcommand are answered here; ``OTHER_SUBCOMMANDS`` (``fedrcl report ...``) go
+    to their module's ``main``; the rest to LightningCLI (``fedrcl.lightning_cli``). Classes named in a config
+    (``--model my_method.MyMethod``) are also looked up in the current folder. An error of fedrcl's
+    (``report_user_error``) ends in its message and exit status 1, without a traceback unless
+    ``FEDRCL_DEBUG=1``; a run stopped by a signal (``Preempted``) in one line saying how to resume it, with
+    exit status 128 + the signal.
     """
     argv = list(sys.argv[1:] if args is None else args)
     # A user's own method or server in the current folder (``--model my_method.MyMethod``), as ``python -m``
@@ -351,6 +220,11 @@ def main(args: list[str] | None = None) -> None:
     if argv[:1] and argv[0] in OTHER_SUBCOMMANDS:
         import_module(OTHER_SUBCOMMANDS[argv[0]][0]).main(argv[1:])
         return
+    if not argv or argv[0] in ("-h", "--help") or argv[0][:1] != "-" and argv[0] not in TRAINER_SUBCOMMANDS:
+        command_parser().parse_args(argv[:1])  # prints the help or the refusal, and exits
+    from fedrcl.federated.preemption import Preempted
+    from fedrcl.lightning_cli import FedRCLCLI, build_cli, remove_failed_start
+
     cli = FedRCLCLI.__new__(FedRCLCLI)  # held before it runs, so that a failed start can be cleaned up
     try:
         build_cli(args, cli)
@@ -360,9 +234,16 @@ def main(args: list[str] | None = None) -> None:
         raise SystemExit(stop.code) from None
     except Exception as error:
         remove_failed_start(cli)
-        if not report_user_error(error):
+        if not report_user_error(error, argv=argv):
             raise
         raise SystemExit(1) from None
+
+
+def __getattr__(name: str) -> Any:
+    """``fedrcl.cli.FedRCLCLI``, ``build_cli``, ...: the LightningCLI side, imported on first use."""
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module("fedrcl.lightning_cli"), name)
 
 
 if __name__ == "__main__":

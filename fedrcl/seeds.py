@@ -40,7 +40,7 @@ DEFAULT_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
 
 def resolved_config(fit_args: list[str]) -> dict[str, Any]:
     """The configuration ``fedrcl fit <fit_args>`` would run (LightningCLI's ``--print_config``)."""
-    from fedrcl.cli import build_cli
+    from fedrcl.lightning_cli import build_cli
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -83,7 +83,8 @@ def fit_args_for_seed(fit_args: list[str], config: dict[str, Any], seed: int,
 def _run_in_process(runs: dict[int, list[str]]) -> list[int]:
     """Each seed's fit in turn, in this process; a failed seed is reported and cleaned up as ``fedrcl fit``
     would (a fedrcl error in one line, anything else with its traceback) and the others still run."""
-    from fedrcl.cli import FedRCLCLI, build_cli, remove_failed_start, report_user_error
+    from fedrcl.cli import report_user_error
+    from fedrcl.lightning_cli import FedRCLCLI, build_cli, remove_failed_start
 
     failed = []
     for seed, args in runs.items():

@@ -1,14 +1,22 @@
-"""Progress of a federated run: a bar per round on a terminal, one line per round in a log file or pipe.
+"""Progress of a federated run: a bar per round on a terminal, one line per round in a log file or pipe, and
+a closing summary.
 
 ``round_progress()`` picks the one that fits ``sys.stderr`` (where tqdm draws): a redrawn bar is what a
 terminal wants, but in a log file every redraw is a new line (498 KB for the 60-round quickstart). With
 ``--trainer.enable_progress_bar false`` a run still prints its line per round (``RoundLog``), unless its
-logger is off too (``--trainer.logger false``).
+logger is off too (``--trainer.logger false``). Each shows the rounds done of the run's total, the time this
+fit has run and an estimate of the time left (``RunClock``: the mean round of this fit so far, read once per
+round from the host clock, never from the device). The fit ends in a summary (``run_summary``): why it
+stopped early if it did (EarlyStopping, ``trainer.max_time``, another callback), the rounds done, the final
+``val/acc`` and ``val/acc_ema``, the run folder and the last checkpoint. A run stopped by a signal adds the
+line that says how to resume (``fedrcl.federated.preemption``); a diverged run ends in its error instead.
 
 ``quiet_lightning()`` silences what Lightning prints that says nothing about a federated run: the tip to
 install another logging product, the ``LeafSpec`` deprecation raised inside Lightning itself (torch 2.10+),
-and the advice to lower ``log_every_n_steps`` (a round's metrics are logged once per round, whatever the
-step count). Lightning's other lines stay: the seed, the devices, the checkpoint a run restores from.
+the advice to lower ``log_every_n_steps`` (a round's metrics are logged once per round, whatever the step
+count), and ``Trainer.fit stopped: max_epochs=N reached`` (the summary says it in rounds). Lightning's other
+lines stay: the seed, the devices, the checkpoint a run restores from. ``WeightsSummary`` is Lightning's
+model summary without the columns that are wrong for a federated run (see there).
 """
 from __future__ import annotations
 
@@ -19,35 +27,142 @@ import warnings
 from typing import Any, Optional
 
 import lightning as L
-from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import EarlyStopping, ModelSummary, ProgressBar, Timer, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
+from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
+from torchmetrics import Metric
 
-__all__ = ["RoundProgressBar", "RoundLines", "RoundLog", "round_progress", "quiet_lightning"]
+__all__ = ["RoundProgressBar", "RoundLines", "RoundLog", "RunClock", "WeightsSummary", "round_progress",
+           "run_summary", "quiet_lightning"]
+summary_log = logging.getLogger("lightning.pytorch.callbacks.model_summary")  # where Lightning's summary goes
 
 
-def round_line(trainer: L.Trainer, metrics: dict[str, Any], seconds: float) -> str:
-    """``Round 12/60  val/acc 0.9306  val/acc_ema 0.8812  (0.41 s)``."""
+def duration(seconds: float) -> str:
+    """``75`` -> ``1:15``, ``3725`` -> ``1:02:05``."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class RunClock:
+    """The wall time of this fit and of its current round, and the time its remaining rounds will take at the
+    mean pace of the rounds it has trained (a resumed run counts from its resume). Read from the host clock
+    once per round: nothing here waits for the device."""
+
+    def __init__(self) -> None:
+        self._fit_start = self._round_start = time.perf_counter()
+        self._first_round = 0
+
+    def fit_started(self, trainer: L.Trainer) -> None:
+        self._fit_start, self._first_round = time.perf_counter(), trainer.current_epoch
+
+    def round_started(self) -> None:
+        self._round_start = time.perf_counter()
+
+    def round_seconds(self) -> float:
+        return time.perf_counter() - self._round_start
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._fit_start
+
+    def timing(self, trainer: L.Trainer, done: int) -> str:
+        """``elapsed 1:15, left 6:20`` after ``done`` rounds of ``trainer.max_epochs`` (``left ?`` before the
+        first round of this fit has ended)."""
+        trained, elapsed = done - self._first_round, self.elapsed()
+        left = duration(elapsed / trained * (trainer.max_epochs - done)) if trained > 0 else "?"
+        return f"elapsed {duration(elapsed)}, left {left}"
+
+
+def round_line(trainer: L.Trainer, metrics: dict[str, Any], clock: RunClock) -> str:
+    """``Round 12/60  val/acc 0.9306  val/acc_ema 0.8812  (0.41 s; elapsed 0:05, left 0:20)``."""
     shown = {k: v for k, v in metrics.items() if k != "v_num"}
     text = "".join(f"  {k} {v:.4f}" if isinstance(v, float) else f"  {k} {v}" for k, v in shown.items())
-    return f"Round {trainer.current_epoch + 1}/{trainer.max_epochs}{text}  ({seconds:.2f} s)"
+    done = trainer.current_epoch + 1
+    return (f"Round {done}/{trainer.max_epochs}{text}  ({clock.round_seconds():.2f} s; "
+            f"{clock.timing(trainer, done)})")
 
 
-class RoundProgressBar(TQDMProgressBar):
-    """Lightning's progress bar, labelled by round (and never by Lightning's 0-based epoch)."""
+def stop_reason(trainer: L.Trainer) -> Optional[str]:
+    """Why a fit trained fewer rounds than ``trainer.rounds`` (``None`` if it did not): EarlyStopping (its own
+    words), ``trainer.max_time``, or another callback that set ``trainer.should_stop``. A signal and a
+    divergence have their own line (``Preempted``, ``DivergenceError``)."""
+    done = trainer.current_epoch
+    if done >= trainer.max_epochs or not trainer.should_stop:
+        return None
+    for callback in trainer.callbacks:
+        if isinstance(callback, EarlyStopping) and callback.stopped_epoch == done - 1 \
+                and callback.stopping_reason_message:
+            return f"EarlyStopping: {' '.join(callback.stopping_reason_message.split())}"
+        left = callback.time_remaining() if isinstance(callback, Timer) else None
+        if left is not None and left <= 0:
+            return f"trainer.max_time reached ({duration(callback.time_elapsed())} of training)"
+    signal = getattr(trainer._signal_connector, "signum", None)
+    return None if signal else "a callback set trainer.should_stop"
+
+
+def run_summary(trainer: L.Trainer, clock: RunClock) -> str:
+    """The lines a fit ends with::
+
+        fedrcl: stopped early after round 3/60: EarlyStopping: Monitored metric val/acc did not improve ...
+        fedrcl: 3/60 rounds in 0:04; val/acc 0.9306, val/acc_ema 0.8812
+          run folder: runs/quickstart/version_0
+          checkpoint: runs/quickstart/version_0/checkpoints/last.ckpt
+    """
+    done, lines = trainer.current_epoch, []
+    reason = stop_reason(trainer)
+    if reason:
+        lines.append(f"fedrcl: stopped early after round {done}/{trainer.max_epochs}: {reason}")
+    metrics = [f"{k} {float(trainer.callback_metrics[k]):.4f}" for k in ("val/acc", "val/acc_ema")
+               if k in trainer.callback_metrics]
+    lines.append(f"fedrcl: {done}/{trainer.max_epochs} rounds in {duration(clock.elapsed())}"
+                 + (f"; {', '.join(metrics)}" if metrics else ""))
+    folder = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
+    lines.append(f"  run folder: {folder or trainer.default_root_dir}")
+    checkpoints = [c.last_model_path for c in trainer.checkpoint_callbacks if getattr(c, "last_model_path", "")]
+    if checkpoints:
+        lines.append(f"  checkpoint: {checkpoints[0]}")
+    return "\n".join(lines)
+
+
+class _RoundReport:
+    """What the three progress callbacks share: the run's clock, its per-round line and its summary."""
+
+    clock: RunClock
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.clock.fit_started(trainer)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            print(run_summary(trainer, self.clock), file=sys.stderr, flush=True)
+
+
+class RoundProgressBar(_RoundReport, TQDMProgressBar):
+    """Lightning's progress bar, labelled by round (and never by Lightning's 0-based epoch), with the run's
+    elapsed time and time left."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.clock = RunClock()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        TQDMProgressBar.on_train_start(self, trainer, pl_module)
+        _RoundReport.on_train_start(self, trainer, pl_module)
 
     def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
         if self._leave:
             self.train_progress_bar = self.init_train_tqdm()
         bar = self.train_progress_bar
         # Label first, then reset: reset() draws the bar, which in a log file is a line of its own.
-        bar.set_description(f"Round {trainer.current_epoch + 1}/{trainer.max_epochs}", refresh=False)
+        bar.set_description(f"Round {trainer.current_epoch + 1}/{trainer.max_epochs} "
+                            f"({self.clock.timing(trainer, trainer.current_epoch)})", refresh=False)
         bar.reset(total=convert_inf(self.total_train_batches))
 
 
-class RoundLines(ProgressBar):
+class RoundLines(_RoundReport, ProgressBar):
     """One line per round on stderr, after the round's evaluation::
 
-        Round 12/60  val/acc 0.9306  val/acc_ema 0.8812  (0.41 s)
+        Round 12/60  val/acc 0.9306  val/acc_ema 0.8812  (0.41 s; elapsed 0:05, left 0:20)
 
     The metrics are the progress bar's (``prog_bar=True`` logs); evaluation runs print nothing here
     (Lightning prints their result table).
@@ -56,7 +171,7 @@ class RoundLines(ProgressBar):
     def __init__(self) -> None:
         super().__init__()
         self._enabled = True
-        self._start = 0.0
+        self.clock = RunClock()
 
     def disable(self) -> None:
         self._enabled = False
@@ -65,25 +180,31 @@ class RoundLines(ProgressBar):
         self._enabled = True
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start = time.perf_counter()
+        self.clock.round_started()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self._enabled:
-            return
-        seconds = time.perf_counter() - self._start
-        print(round_line(trainer, self.get_metrics(trainer, pl_module), seconds), file=sys.stderr, flush=True)
+        if self._enabled:
+            print(round_line(trainer, self.get_metrics(trainer, pl_module), self.clock), file=sys.stderr,
+                  flush=True)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._enabled:
+            super().on_fit_end(trainer, pl_module)
 
 
-class RoundLog(L.Callback):
+class RoundLog(_RoundReport, L.Callback):
     """``RoundLines`` for a run without a progress bar (Lightning refuses a ``ProgressBar`` callback then)."""
 
+    def __init__(self) -> None:
+        self.clock = RunClock()
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start = time.perf_counter()
+        self.clock.round_started()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         metrics = {k: v.item() if hasattr(v, "item") else v for k, v in trainer.progress_bar_metrics.items()}
         if trainer.is_global_zero:
-            print(round_line(trainer, metrics, time.perf_counter() - self._start), file=sys.stderr, flush=True)
+            print(round_line(trainer, metrics, self.clock), file=sys.stderr, flush=True)
 
 
 def round_progress(enable_progress_bar: Optional[bool] = True, logger: Any = None) -> Optional[L.Callback]:
@@ -95,15 +216,44 @@ def round_progress(enable_progress_bar: Optional[bool] = True, logger: Any = Non
     return RoundProgressBar() if isatty is not None and isatty() else RoundLines()
 
 
-class _NoAdverts(logging.Filter):
+class WeightsSummary(ModelSummary):
+    """Lightning's model summary of the modules that hold the model's weights and their sizes.
+
+    Lightning's own also lists metric objects (``val_acc``, a ``MulticlassAccuracy`` with no weights, shown in
+    Mode ``train``) and FLOPs, which it counts only from a LightningModule's ``example_input_array``; fedrcl's
+    methods have none, so it printed ``Total FLOPs: 0``. Neither is shown here, nor a module's train/eval mode
+    (the round loop sets it per client and per evaluation)."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._max_depth or not trainer.is_global_zero:
+            return
+        summary = summarize(pl_module, max_depth=self._max_depth)
+        rows = [(name, type(module).__name__, get_human_readable_count(sum(p.numel() for p in module.parameters())))
+                for name, module in summary.named_modules if not isinstance(module, Metric)]
+        widths = [max(len(row[i]) for row in [("Name", "Type", "Params"), *rows]) for i in range(3)]
+        table = [" | ".join(c.ljust(w) for c, w in zip(row, widths)) for row in [("Name", "Type", "Params"), *rows]]
+        table.insert(1, "-" * len(table[0]))
+        frozen = summary.total_parameters - summary.trainable_parameters
+        table += [f"{get_human_readable_count(summary.trainable_parameters):<10}Trainable params",
+                  f"{get_human_readable_count(frozen):<10}Non-trainable params",
+                  f"{get_human_readable_count(summary.total_parameters):<10}Total params",
+                  f"{summary.model_size:<10,.3f}Total estimated model params size (MB)"]
+        summary_log.info("\n" + "\n".join(table))
+
+
+class _LightningNoise(logging.Filter):
+    """Lightning's lines that say nothing about a federated run (``quiet_lightning``)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("\N{ELECTRIC LIGHT BULB} Tip:")
+        message = str(record.msg)
+        return not (message.startswith("\N{ELECTRIC LIGHT BULB} Tip:")
+                    or message.startswith("`Trainer.fit` stopped: `max_epochs="))
 
 
 def quiet_lightning() -> None:
     """Silence Lightning's lines that are noise for a federated run (see the module docstring); idempotent."""
     log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _NoAdverts) for f in log.filters):
-        log.addFilter(_NoAdverts())
+    if not any(isinstance(f, _LightningNoise) for f in log.filters):
+        log.addFilter(_LightningNoise())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
     warnings.filterwarnings("ignore", message=r".*is smaller than the logging interval Trainer\(log_every_n_steps")

@@ -5,7 +5,8 @@ import warnings
 from typing import Any, Literal, Optional
 
 import lightning as L
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.accelerators import AcceleratorRegistry
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from fedrcl.federated.checkpoint import RoundCheckpoint, find_resumable, resume_path, with_atomic_checkpoint_io
@@ -14,7 +15,7 @@ from fedrcl.federated.deadline import round_timer
 from fedrcl.federated.federation import Federation
 from fedrcl.federated.fingerprint import run_fingerprint
 from fedrcl.federated.preemption import Preemption, PreemptionSignals, preempted
-from fedrcl.federated.progress import quiet_lightning, round_progress
+from fedrcl.federated.progress import WeightsSummary, quiet_lightning, round_progress
 from fedrcl.federated.round_axis import log_against_rounds
 from fedrcl.federated.strategy import check_federated_strategy, federated_ddp_names
 from fedrcl.server import ServerOptimizer
@@ -26,9 +27,23 @@ OWNED_BY_ROUNDS = {"max_epochs": (None, "use trainer.rounds"), "min_epochs": (No
                    "check_val_every_n_epoch": (1, "use trainer.eval_every"),
                    "reload_dataloaders_every_n_epochs": (0, "every round has its own batches"),
                    "num_sanity_val_steps": (None, "fedrcl runs no sanity check"),
-                   "gradient_clip_val": (None, "use model.init_args.grad_clip_norm (per client step)")}
+                   "gradient_clip_val": (None, "use model.init_args.grad_clip_norm (per client step)"),
+                   "gradient_clip_algorithm": (None, "model.init_args.grad_clip_norm clips each client step by "
+                                                     "norm")}
 
 
+def check_accelerator(accelerator: Any) -> None:
+    """Refuse a ``trainer.accelerator`` this machine does not have, in one line naming the key and what it has
+    (Lightning refuses it later, in a traceback of 36 lines). ``gpu`` means CUDA or MPS, as in Lightning."""
+    if not isinstance(accelerator, str) or accelerator == "auto":
+        return
+    names = AcceleratorRegistry.available_accelerators()
+    if accelerator != "gpu" and accelerator not in names:
+        return  # not a name Lightning registers: its own error names what it accepts
+    usable = [name for name in sorted(names) if AcceleratorRegistry[name]["accelerator"].is_available()]
+    if not ({"cuda", "mps"} if accelerator == "gpu" else {accelerator}) & set(usable):
+        raise ValueError(f"trainer.accelerator {accelerator}: this machine has none; available here: "
+                         f"{', '.join(['auto', *usable])}")
 
 
 class FederatedTrainer(L.Trainer):
@@ -76,6 +91,7 @@ class FederatedTrainer(L.Trainer):
         **kwargs: Any,
     ):
         quiet_lightning()
+        check_accelerator(kwargs.get("accelerator"))
         for key, (default, instead) in OWNED_BY_ROUNDS.items():
             if kwargs.pop(key, default) != default:
                 raise ValueError(f"trainer.{key} is set by fedrcl's round loop: {instead}")
@@ -94,6 +110,10 @@ class FederatedTrainer(L.Trainer):
         if not any(isinstance(c, ProgressBar) for c in callbacks):  # a line per round, also without a bar
             progress = round_progress(kwargs.get("enable_progress_bar"), kwargs.get("logger"))
             callbacks += [progress] if progress is not None else []
+        if kwargs.get("enable_model_summary") is not False and not kwargs.get("barebones") \
+                and not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks.append(WeightsSummary())  # in place of Lightning's (its FLOPs read 0 here)
+            kwargs["enable_model_summary"] = False  # Lightning would add its own beside it, with a notice
         if kwargs.get("logger") in (None, True):
             kwargs["logger"] = TensorBoardLogger(save_dir=kwargs.get("default_root_dir") or "runs", name="fedrcl")
         with federated_ddp_names():  # several processes: clients split over them, no gradient sync

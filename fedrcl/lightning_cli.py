@@ -1,0 +1,269 @@
+"""LightningCLI for fedrcl: the parser, help and run of ``fedrcl fit`` / ``validate`` / ``test``.
+
+``fedrcl.cli`` (the command) imports this module only for those subcommands, so that ``fedrcl --help``,
+``fedrcl report`` and ``fedrcl seeds --help`` start without Lightning. Keys are never abbreviated
+(``--trainer.round`` is an error, not ``--trainer.rounds``). ``validate`` and ``test`` log to
+``<save_dir>/<name>/<subcommand>_k``, beside the fit run's ``version_k`` folders, so they never join its
+training curves (``fedrcl.analysis.load_scalars``, the notebooks, ``fedrcl report``). ``torch_threads`` sets
+torch's CPU thread count (``configs/quickstart.yaml``: 1).
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import re
+import shutil
+import sys
+import textwrap
+from functools import lru_cache
+from importlib import import_module
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning
+import torch
+import yaml
+from jsonargparse import ActionConfigFile, ActionSubCommands, ArgumentParser, DefaultHelpFormatter, Namespace
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from fedrcl.algorithms import FedAvg
+from fedrcl.cli import OTHER_SUBCOMMANDS
+from fedrcl.data.datamodule import FederatedDataModule
+from fedrcl.data.datasets import dataset_info
+from fedrcl.federated.checkpoint import check_readable
+from fedrcl.federated.trainer import OWNED_BY_ROUNDS, FederatedTrainer
+
+EVALUATIONS = ("validate", "test")
+KNOWN_SUBCLASSES = ", known subclasses: "  # how jsonargparse's --help ends a class argument's choices
+
+
+def _num_classes(dataset: str) -> int:
+    return dataset_info(dataset).num_classes
+
+
+def _in_channels(dataset: str) -> int:
+    return dataset_info(dataset).in_channels
+
+
+def _image_size(dataset: str) -> int:
+    return dataset_info(dataset).image_size
+
+
+def _left_to_subclasses(method: Any) -> bool:
+    """Whether ``method`` only raises ``NotImplementedError`` (after its docstring)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.FunctionDef) else []
+    body = [node for node in body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    return len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.dump(body[0])
+
+
+@lru_cache(maxsize=None)
+def selectable(class_path: str) -> bool:
+    """Whether ``--help`` lists ``class_path`` as a choice: a fedrcl client method, server optimizer or backbone
+    only if its package exports it (``__all__``) and it implements every method fedrcl declares (not
+    ``GlobalTeacherClient``, ``FedOpt``, ``ServerOptimizer``). Only fedrcl's own methods are read: parsing the
+    source of every Lightning method took most of ``fedrcl fit --help``'s time after the imports."""
+    parts = class_path.split(".")
+    if parts[0] != "fedrcl" or len(parts) < 3 or parts[1] not in ("algorithms", "server", "models"):
+        return True
+    package = import_module(".".join(parts[:2]))
+    cls = getattr(package, parts[-1], None)
+    if parts[-1] not in getattr(package, "__all__", ()) or not isinstance(cls, type):
+        return False
+    methods = (getattr(cls, name) for name in dir(cls) if not name.startswith("__"))
+    return not any(inspect.isfunction(m) and m.__module__.startswith("fedrcl.") and _left_to_subclasses(m)
+                   for m in methods)
+
+
+class FedRCLHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's ``--help`` whose "known subclasses" lists keep the ``selectable`` ones (and, for a
+    backbone, fedrcl's models rather than every ``torch.nn.Module`` imported so far)."""
+
+    def _get_help_string(self, action: Any) -> str:
+        text = super()._get_help_string(action)
+        head, found, listed = text.partition(KNOWN_SUBCLASSES)
+        if not found or not listed.endswith(")"):
+            return text
+        paths = listed[:-1].split(", ")
+        modules = "torch.nn.Module" in paths
+        paths = [p for p in paths if selectable(p) and (p.startswith("fedrcl.models.") or not modules)]
+        return head + (KNOWN_SUBCLASSES + ", ".join(paths) if paths else "") + ")"
+
+
+class ConfigFile(ActionConfigFile):
+    """``--config``: a YAML syntax error names the file, line and column (jsonargparse names neither)."""
+
+    def __call__(self, parser, cfg, values, option_string=None):
+        path = Path(str(values))
+        if path.is_file():
+            if not path.read_text(encoding="utf-8", errors="replace").strip():
+                raise TypeError(f"{path}: the configuration file is empty (give it at least one key, or leave "
+                                "out this --config)")
+            try:
+                yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+            except yaml.MarkedYAMLError as e:
+                mark = e.problem_mark or e.context_mark
+                where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+                raise TypeError(f"{path}: not valid YAML ({where}{e.problem or e.context})") from None
+            except (UnicodeDecodeError, yaml.YAMLError) as e:
+                raise TypeError(f"{path}: not valid YAML ({e})") from None
+        super().__call__(parser, cfg, values, option_string)
+
+
+class FedRCLParser(LightningArgumentParser):
+    """Lightning's parser whose subcommand list also shows ``OTHER_SUBCOMMANDS`` (run by ``main``), without the
+    Trainer arguments the round loop sets itself (``OWNED_BY_ROUNDS``), whose help lists the classes a run
+    accepts (``FedRCLHelpFormatter``; also in jsonargparse's ``--<key>.help`` parsers, made of this class), and
+    whose errors are a few lines."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", FedRCLHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def add_lightning_class_args(self, lightning_class: Any, nested_key: str, subclass_mode: bool = False,
+                                 required: bool = True) -> list[str]:
+        if isinstance(lightning_class, type) and issubclass(lightning_class, FederatedTrainer):
+            return self.add_class_arguments(lightning_class, nested_key, fail_untyped=False, instantiate=False,
+                                            sub_configs=True, skip=set(OWNED_BY_ROUNDS))
+        return super().add_lightning_class_args(lightning_class, nested_key, subclass_mode, required)
+
+    def error(self, message: str, ex: Optional[Exception] = None) -> None:
+        """``fedrcl fit: error: <message>`` and where the options are listed; exit status 2 (argparse's).
+        ``FEDRCL_DEBUG=1``: jsonargparse's own report."""
+        if os.environ.get("FEDRCL_DEBUG") == "1" or not self.exit_on_error:
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        print(f"{prog}: error: {parse_error_text(message)}\n(all options: {prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+    def add_subcommands(self, *args: Any, **kwargs: Any) -> ActionSubCommands:
+        self.subcommands_action = super().add_subcommands(*args, **kwargs)
+        return self.subcommands_action
+
+
+class FedRCLCLI(LightningCLI):
+    """LightningCLI with the dataset's shape linked into the model, so it is never typed twice.
+
+    Differences from LightningCLI: no abbreviated keys; no ``predict`` (a federated run has nothing to
+    predict); ``validate`` / ``test`` report the checkpoint's own accuracy EMA and log apart from the fit
+    runs; ``torch_threads``.
+    """
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={lightning.__version__}"])
+        parser = self.parser_class(allow_abbrev=False, **kwargs)
+        parser.add_argument("-c", "--config", action=ConfigFile,
+                            help="Path to a configuration file in yaml format (several: later ones win).")
+        return parser
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any],
+                     subparser_kwargs: dict[str, Any]) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if add_subcommands:  # listed in --help; main() runs them before LightningCLI is built
+            for name, (_, text) in OTHER_SUBCOMMANDS.items():
+                self.parser.subcommands_action.add_subcommand(name, ArgumentParser(description=text),
+                                                              help=text)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name != "predict"}
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--torch_threads", type=Optional[int], default=None,
+                            help="CPU threads of torch (torch.set_num_threads); null: torch's default "
+                                 "(OMP_NUM_THREADS, else one per core). 1 is fastest for small models on "
+                                 "shared cores.")
+        parser.link_arguments("data.dataset", "model.init_args.num_classes", compute_fn=_num_classes)
+        parser.link_arguments("data.dataset", "model.init_args.in_channels", compute_fn=_in_channels)
+        parser.link_arguments("data.dataset", "model.init_args.image_size", compute_fn=_image_size)
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads ckpt_path next (for hyperparameters): name an empty or truncated file first.
+        subcommand = self.config.get("subcommand")
+        check_readable((self.config[subcommand] if subcommand else self.config).get("ckpt_path"))
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("torch_threads") is not None:
+            if config.torch_threads < 1:
+                raise ValueError(f"torch_threads must be >= 1 or null, got {config.torch_threads}")
+            torch.set_num_threads(config.torch_threads)
+        if self.subcommand in EVALUATIONS:
+            _log_apart(config.trainer, self.subcommand)
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        # Which run folders exist before this start writes anything (``remove_failed_start``).
+        folders = [Path(logger.log_dir) for logger in self.trainer.loggers if getattr(logger, "log_dir", None)]
+        self._run_folders = [(p, p.exists()) for p in folders]
+        self._run_parents = [(p.parent, p.parent.exists()) for p in folders]
+
+
+def _log_apart(trainer: Namespace, subcommand: str) -> None:
+    """Point the run's file loggers at ``<save_dir>/<name>/<subcommand>_k`` (``runs/quickstart/validate_0``):
+    beside the fit run's ``version_k`` folders, never one of them, so ``--ckpt_path last`` still finds the
+    run's checkpoints while its curves, run list and report stay as the fit wrote them."""
+    if trainer.logger in (None, True):  # FederatedTrainer's default logger, made explicit
+        trainer.logger = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
+                                   init_args=Namespace(save_dir=trainer.get("default_root_dir") or "runs",
+                                                       name="fedrcl", version=None))
+    for logger in trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]:
+        args = logger.get("init_args") if isinstance(logger, Namespace) else None
+        if args is None or not {"save_dir", "name", "version"} <= set(vars(args)) or args.version is not None:
+            continue
+        run_dir = Path(args.save_dir or ".") / (args.name or "")
+        taken = [p.name.removeprefix(f"{subcommand}_") for p in run_dir.glob(f"{subcommand}_*")]
+        args.version = f"{subcommand}_{max((int(k) + 1 for k in taken if k.isdigit()), default=0)}"
+
+
+def parse_error_text(message: str) -> str:
+    """jsonargparse's message, shortened to what was wrong: an unknown key says so, and a key the round loop
+    sets says which key to use instead; a class that cannot be imported is named with the reason."""
+    for key, (_, instead) in OWNED_BY_ROUNDS.items():
+        if f"trainer.{key}" in message and ("unrecognized" in message or "does not accept" in message):
+            return f"trainer.{key} is set by fedrcl's round loop: {instead}"
+    link = re.match(r"Call to compute_fn of link '\w+\(([\w.]+)\) --> [\w.]+' with args \((.*?)\) failed: (.*)",
+                    message.strip(), re.S)
+    if link:  # a linked value (data.dataset -> the model's class count) could not be derived
+        return f"{link.group(1)} {link.group(2)}: {link.group(3).strip()}"
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if lines and lines[0].startswith("Parser key") and any("class_path" in line for line in lines):
+        key = lines[0].removeprefix("Parser key").strip(' ":')
+        given = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")), "?")
+        cause = next((lines[i + 1] for i, line in enumerate(lines[:-1])
+                      if line.startswith("- Problem with given class_path")), "")
+        return f"--{key} {given}: not a class fedrcl can import ({cause})"
+    return "\n".join(lines[:6])
+
+
+def remove_failed_start(cli: Optional[FedRCLCLI]) -> None:
+    """After a failure before anything was logged: delete the run folder this start made (its
+    ``config.yaml``, ``split.json``, an empty event file) and a run-name folder it left empty; never a folder
+    that existed before, nor one holding a checkpoint."""
+    trainer = getattr(cli, "trainer", None)
+    if trainer is None or trainer.logged_metrics or not trainer.is_global_zero:
+        return
+    for folder, existed in getattr(cli, "_run_folders", []):
+        if not existed and folder.is_dir() and not any(folder.rglob("*.ckpt")):
+            shutil.rmtree(folder, ignore_errors=True)
+        if not existed and folder.parent.is_dir() and not any(folder.parent.iterdir()) \
+                and (folder.parent, False) in getattr(cli, "_run_parents", []):
+            folder.parent.rmdir()
+
+
+def build_cli(args: list[str] | None = None, cli: Optional[FedRCLCLI] = None) -> FedRCLCLI:
+    """Parse ``args`` (default: the command line), then run the subcommand; returns the CLI object (``cli``,
+    made by ``FedRCLCLI.__new__``, if given)."""
+    cli = cli if cli is not None else FedRCLCLI.__new__(FedRCLCLI)
+    cli.__init__(FedAvg, FederatedDataModule, trainer_class=FederatedTrainer, subclass_mode_model=True,
+                     parser_class=FedRCLParser, seed_everything_default=0,
+                     parser_kwargs={"prog": "fedrcl",
+                                    "description": "FedRCL and its baselines: federated learning runs."},
+                     save_config_kwargs={"overwrite": True}, args=args)
+    return cli
