@@ -63,6 +63,8 @@ def test_curves_are_grouped_by_method_and_drawn_with_their_band(two_methods):
     half = t_quantile(2) * 2.0 / math.sqrt(3)
     assert band.min() == pytest.approx(52.0 - half, rel=1e-5) and band.max() == pytest.approx(52.0 + half, rel=1e-5)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["FedAvg (n=3)", "FedRCL (n=2)"]
+    fedrcl_band = ax.collections[1].get_paths()[0].vertices[:, 1]  # 65 ± 63.5 (t with 1 df), cut to [0, 100]
+    assert fedrcl_band.max() == 100.0 and fedrcl_band.min() == pytest.approx(65.0 - 12.706204736 * 5.0, abs=1e-3)
 
 
 def test_fedrcl_plot_writes_png_and_svg_and_prints_the_table(two_methods, tmp_path, capsys):

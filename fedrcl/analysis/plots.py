@@ -140,7 +140,8 @@ def plot_seed_groups(groups: Mapping[str, Sequence[Mapping[str, Curve]]],
 
     Each group's runs are aligned on the rounds all of them logged (``seed_stats.align``); the band is the 95%
     Student-t interval of the mean (``band="ci"``) or one sample std (``"std"``, ``seed_stats.mean_band``),
-    drawn where a group has two runs or more. Accuracies (a tag ending in ``acc...``) are drawn in %.
+    drawn where a group has two runs or more. Accuracies (a tag ending in ``acc...``) are drawn in %, their band
+    cut to [0, 100] (with two seeds the t interval is 12.7 std / sqrt(2) wide and leaves the possible range).
 
     Args:
         groups: ``{label: [load_scalars(run) for each seed]}``; a label's runs without a tag are an error.
@@ -161,7 +162,10 @@ def plot_seed_groups(groups: Mapping[str, Sequence[Mapping[str, Curve]]],
             mean, half = mean_band(scale * values, band)
             line, = ax.plot(rounds, mean, lw=1.3, label=f"{label} (n={len(runs)})")
             if len(runs) > 1:
-                ax.fill_between(rounds, mean - half, mean + half, color=line.get_color(), alpha=0.2, lw=0)
+                low, high = mean - half, mean + half
+                if scale == 100.0:
+                    low, high = np.clip(low, 0.0, 100.0), np.clip(high, 0.0, 100.0)
+                ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.2, lw=0)
         ax.set_xlabel("round")
         ax.set_ylabel(TAG_LABELS.get(tag, tag))
         ax.grid(alpha=0.3)
