@@ -98,3 +98,29 @@ def test_report_and_plot_do_not_load_lightning_or_torch(two_methods, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "['tensorboard']"  # the event files' reader only
     assert (tmp_path / "p.svg").is_file() and "## Your runs" in (tmp_path / "r.md").read_text()
+
+
+def custom_scalars(version) -> list:
+    """The Custom Scalars layouts written into a version folder's event files."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    return [layout_pb2.Layout.FromString(value.tensor.string_val[0])
+            for path in sorted(version.glob("events.*")) for event in EventFileLoader(str(path)).Load()
+            for value in event.summary.value if value.metadata.plugin_data.plugin_name == "custom_scalars"]
+
+
+@pytest.mark.slow
+def test_a_run_opens_tensorboard_on_accuracy_and_plots(data_root, tmp_path, capsys):
+    """A real run writes the Custom Scalars layout once, accuracy and its EMA first; ``fedrcl plot`` draws it."""
+    from conftest import run_cli
+
+    cli = run_cli(data_root, tmp_path / "runs", "--trainer.enable_checkpointing", "false", rounds=2)
+    (layout,) = custom_scalars(tmp_path / "runs" / "quickstart" / "version_0")
+    first = layout.category[0]
+    assert first.title == "accuracy" and list(first.chart[0].multiline.tag) == ["^val/acc$", "^val/acc_ema$"]
+    assert [c.title for c in layout.category] == ["accuracy", "loss", "learning rate", "seconds per round", "bytes"]
+    main([str(tmp_path / "runs"), "--out", str(tmp_path / "curves")])
+    ema = 100 * cli.trainer.callback_metrics["val/acc_ema"].item()
+    assert f"| FedRCL | 1 | {ema:.2f} | 2 |" in capsys.readouterr().out
+    assert (tmp_path / "curves.png").is_file() and (tmp_path / "curves.svg").is_file()

@@ -9,6 +9,7 @@
 - ``compare``: ``crossing``: the rounds where one method's curve passes another's (the paper's headline).
 - ``seed_stats``: ``summarize_seeds``, ``t_quantile``, ``seed_curves``, ``align``, ``mean_band``: mean, std
   and 95% interval over seeds.
+- ``layout``: ``ScalarLayout``, the TensorBoard Custom Scalars layout every run writes (accuracy first).
 - ``clients``: ``partition_counts``; ``python -m fedrcl.analysis.partitions`` writes a partition PNG.
 - ``plots``: ``plot_partition``, ``plot_runs``, ``plot_levels``, ``plot_seed_groups`` (matplotlib, imported on
   first use).
@@ -23,6 +24,7 @@ _MODULES = {
     "client_evaluation": ("ClientEvaluation", "label_mix_accuracy", "spread_summary"),
     "clients": ("partition_counts",),
     "compare": ("Crossing", "crossing"),
+    "layout": ("SCALAR_LAYOUT", "ScalarLayout"),
     "metrics": ("class_covariances", "deviation_bound", "effective_rank", "variability_collapse_index"),
     "monitor": ("RepresentationMonitor",),
     "plots": ("LEVEL_METRICS", "plot_levels", "plot_partition", "plot_runs", "plot_seed_groups"),

@@ -9,6 +9,7 @@ from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from fedrcl.analysis.layout import ScalarLayout
 from fedrcl.federated.checkpoint import RoundCheckpoint, find_resumable, resume_path, with_atomic_checkpoint_io
 from fedrcl.federated.batched import ClientBatching
 from fedrcl.federated.deadline import round_timer
@@ -104,6 +105,7 @@ class FederatedTrainer(L.Trainer):
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks += round_timer(kwargs.pop("max_time", None), callbacks)  # checked after each round
         callbacks.append(Preemption())  # SIGTERM: stop after the round in progress, checkpointed
+        callbacks.append(ScalarLayout())  # TensorBoard's Custom Scalars tab: val/acc and val/acc_ema first
         if kwargs.get("enable_checkpointing", True) is not False:  # a user's ModelCheckpoint adds files
             callbacks.append(RoundCheckpoint(checkpoint_every))
         kwargs["plugins"] = with_atomic_checkpoint_io(kwargs.get("plugins"))
