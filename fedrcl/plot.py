@@ -48,32 +48,44 @@ def _folder(group: Sequence[RunResult], root: Path) -> str:
     return path.name if path == root else str(path.relative_to(root))
 
 
-def curve_groups(specs: Sequence[str]) -> Groups:
+def curve_groups(specs: Sequence[str], tags: Sequence[str] = ("val/acc", EMA_TAG),
+                 left_out: Optional[list[str]] = None) -> Groups:
     """The curves to draw from ``PATH`` and ``LABEL=PATH`` arguments (see the module docstring).
 
-    Raises ``ValueError`` naming the argument when a path holds no run, or when ``LABEL=PATH`` holds runs of
-    several experiments (they would be averaged as if they were seeds)."""
+    A run that lacks one of ``tags`` (killed before its first evaluation, say) is left out, with a line in
+    ``left_out``. Raises ``ValueError`` naming the argument when a path holds no run with
+    them, or when ``LABEL=PATH`` holds runs of several experiments (they would be averaged as seeds)."""
     groups: Groups = {}
     for spec in specs:
         label, sep, path_text = spec.partition("=")
         path = Path(path_text if sep else spec)
         if not path.exists():
             raise ValueError(f"{spec}: {path} does not exist")
-        runs = [r for r in collect_runs(path) if r.curves] if path.is_dir() else []
+        found, runs = collect_runs(path) if path.is_dir() else [], []
+        for run in found:
+            missing = [tag for tag in tags if tag not in run.curves]
+            if missing and left_out is not None:
+                left_out.append(f"{run.path} ({', '.join(run.versions)}): no {', '.join(missing)} logged")
+            runs += [] if missing else [run]
         if sep:
             experiments = seed_groups(runs)
             if len(experiments) > 1:
                 raise ValueError(f"{spec}: {path} holds runs of {len(experiments)} experiments (they differ in more "
                                  f"than seeds); give each its own LABEL=PATH, or {path} alone to label them by method")
-            groups[label] = [r.curves for r in experiments[0]] if experiments else \
-                [load_scalars(run) for run in seed_runs(path)]
+            if not experiments and not found:  # event files without a saved config
+                experiments = [[load_scalars(run) for run in seed_runs(path)]]
+            else:
+                experiments = [[r.curves for r in group] for group in experiments]
+            if not experiments or any(tag not in curves for curves in experiments[0] for tag in tags):
+                raise ValueError(f"{spec}: no run under {path} logged all of {', '.join(tags)}")
+            groups[label] = experiments[0]
             continue
         if not runs:
-            raise ValueError(f"{spec}: no runs under {path} (run folders with config.yaml and TensorBoard or "
-                             "CSVLogger logs); name event files without a config as LABEL=PATH")
-        found = seed_groups(runs)
-        labels = [_label(g) for g in found]
-        for group, name in zip(found, labels):
+            raise ValueError(f"{spec}: no runs with {', '.join(tags)} under {path} (run folders with config.yaml "
+                             "and TensorBoard or CSVLogger logs); name event files without a config as LABEL=PATH")
+        experiments = seed_groups(runs)
+        labels = [_label(g) for g in experiments]
+        for group, name in zip(experiments, labels):
             if labels.count(name) > 1 or name in groups:
                 name = f"{name} ({_folder(group, path)})"
             groups[name] = [r.curves for r in group]
@@ -118,14 +130,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--rounds", type=int, nargs="+", help="rounds of the printed val/acc_ema table")
     parser.add_argument("--title", default="", help="a title above the panels")
     args = parser.parse_args(argv)
+    left_out: list[str] = []
     try:
-        groups = curve_groups(args.runs)
+        groups = curve_groups(args.runs, args.tags, left_out)
     except ValueError as error:
         _error(str(error))
-    for tag in args.tags:
-        lacking = [label for label, runs in groups.items() if any(tag not in scalars for scalars in runs)]
-        if lacking:
-            _error(f"no {tag!r} logged by (a run of) {', '.join(lacking)}")
+    for note in left_out:
+        print(f"fedrcl plot: left out {note}", file=sys.stderr)
     import matplotlib
 
     matplotlib.use("Agg")

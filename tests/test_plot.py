@@ -9,7 +9,9 @@ import sys
 import matplotlib
 import numpy as np
 import pytest
+import yaml
 from test_report import fake_config, fake_version
+from torch.utils.tensorboard import SummaryWriter
 
 from conftest import REPO
 from fedrcl.analysis.plots import plot_seed_groups
@@ -52,7 +54,7 @@ def test_mean_band_is_the_t_interval_of_the_mean():
 
 
 def test_curves_are_grouped_by_method_and_drawn_with_their_band(two_methods):
-    groups = curve_groups([str(two_methods)])
+    groups = curve_groups([str(two_methods)], ["val/acc_ema"])
     assert list(groups) == ["FedAvg", "FedRCL"] and [len(g) for g in groups.values()] == [3, 2]
     fig = plot_seed_groups(groups, ["val/acc_ema"])
     ax = fig.axes[0]
@@ -78,14 +80,26 @@ def test_fedrcl_plot_writes_png_and_svg_and_prints_the_table(two_methods, tmp_pa
 
 def test_fedrcl_plot_refuses_seeds_of_different_experiments_in_one_label(two_methods, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
-        main([f"All={two_methods}", "--out", str(tmp_path / "x")])
+        main([f"All={two_methods}", "--tags", "val/acc_ema", "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and len(err.splitlines()) == 1
     assert err.startswith("fedrcl plot: error: All=") and "2 experiments" in err
     with pytest.raises(SystemExit):
         main([str(two_methods), "--tags", "val/loss", "--out", str(tmp_path / "x")])
-    assert "no 'val/loss' logged" in capsys.readouterr().err
+    assert f"fedrcl plot: error: {two_methods}: no runs with val/loss under" in capsys.readouterr().err
     assert not list(tmp_path.glob("x.*"))
+
+
+def test_fedrcl_plot_leaves_out_a_run_without_the_tags_and_says_so(two_methods, tmp_path, capsys):
+    config = seeded(fake_config(method="FedAvg"), 3)
+    (tmp_path / "runs" / "fedavg" / "seed3" / "version_0").mkdir(parents=True)  # killed before any round
+    (tmp_path / "runs" / "fedavg" / "seed3" / "version_0" / "config.yaml").write_text(yaml.safe_dump(config))
+    SummaryWriter(str(tmp_path / "runs" / "fedavg" / "seed3" / "version_0")).close()
+    main([str(two_methods), "--tags", "val/acc_ema", "--out", str(tmp_path / "x")])
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"fedrcl plot: left out {two_methods / 'fedavg' / 'seed3'} (version_0): "
+                                         "no val/acc_ema logged"]
+    assert "| FedAvg | 3 |" in captured.out
 
 
 def test_report_and_plot_do_not_load_lightning_or_torch(two_methods, tmp_path):
