@@ -28,7 +28,7 @@ from jsonargparse import ActionConfigFile, ActionSubCommands, ArgumentParser, De
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from fedrcl.algorithms import FedAvg
-from fedrcl.cli import OTHER_SUBCOMMANDS
+from fedrcl.cli import DESCRIPTION, OTHER_SUBCOMMANDS
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.datasets import dataset_info
 from fedrcl.federated.checkpoint import check_readable
@@ -257,13 +257,13 @@ def remove_failed_start(cli: Optional[FedRCLCLI]) -> None:
             folder.parent.rmdir()
 
 
-def build_cli(args: list[str] | None = None, cli: Optional[FedRCLCLI] = None) -> FedRCLCLI:
+def build_cli(args: list[str] | None = None, cli: Optional[FedRCLCLI] = None, run: bool = True) -> FedRCLCLI:
     """Parse ``args`` (default: the command line), then run the subcommand; returns the CLI object (``cli``,
-    made by ``FedRCLCLI.__new__``, if given)."""
+    made by ``FedRCLCLI.__new__``, if given). ``run=False``: ``args`` without a subcommand, the model, data
+    and trainer built and not run."""
     cli = cli if cli is not None else FedRCLCLI.__new__(FedRCLCLI)
     cli.__init__(FedAvg, FederatedDataModule, trainer_class=FederatedTrainer, subclass_mode_model=True,
-                     parser_class=FedRCLParser, seed_everything_default=0,
-                     parser_kwargs={"prog": "fedrcl",
-                                    "description": "FedRCL and its baselines: federated learning runs."},
-                     save_config_kwargs={"overwrite": True}, args=args)
+                 parser_class=FedRCLParser, seed_everything_default=0,
+                 parser_kwargs={"prog": "fedrcl", "description": DESCRIPTION},
+                 save_config_kwargs={"overwrite": True}, args=args, run=run)
     return cli

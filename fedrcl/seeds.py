@@ -14,7 +14,9 @@ under the configured logger name plus ``/seed<k>`` (``runs/quickstart/seed0/vers
 ``--parallel 1`` (the default) runs the seeds one after another in this process, exactly as ``fedrcl fit``
 would; ``--parallel N`` runs up to N ``fedrcl fit`` processes at a time, each writing its console output to
 ``<save_dir>/<name>/seed<k>.log`` and, unless ``OMP_NUM_THREADS`` is set, using ``cores // N`` threads.
-The exit status is 1 when any seed failed (the others still run).
+The exit status is 1 when any seed failed (the others still run). SIGTERM stops the seeds in progress after
+their round, checkpointed, as it stops ``fedrcl fit``; no other seed starts; one line names the seeds stopped and
+not started and the command that finishes them (the stopped ones with ``--ckpt_path last``); exit status 143.
 """
 from __future__ import annotations
 
@@ -23,11 +25,14 @@ import contextlib
 import io
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
 import traceback
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -80,35 +85,84 @@ def fit_args_for_seed(fit_args: list[str], config: dict[str, Any], seed: int,
     return [*args, "--trainer.logger.init_args.name", f"{name}/seed{seed}"]
 
 
-def _run_in_process(runs: dict[int, list[str]]) -> list[int]:
+@dataclass
+class Outcome:
+    """How the seeds ended: ``failed`` (an error), ``stopped`` (by ``signum``, checkpointed: resumable with
+    ``--ckpt_path last``) and ``not_started`` (a stop signal came first); the others finished."""
+
+    failed: list[int] = field(default_factory=list)
+    stopped: list[int] = field(default_factory=list)
+    not_started: list[int] = field(default_factory=list)
+    signum: Optional[int] = None
+    where: str = ""  # the round and checkpoint a seed in this process stopped at
+
+
+class StopSignal:
+    """Records SIGTERM while ``fedrcl seeds`` runs (between fits, and for ``--parallel`` the whole time), so
+    that it ends after the seeds in progress instead of being killed between two of them or starting the next.
+    A fit in this process installs its own handler meanwhile (``fedrcl.federated.preemption``)."""
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+
+    def __enter__(self) -> "StopSignal":
+        self._previous = signal.signal(signal.SIGTERM, self._record)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+    def _record(self, signum: int, _: Any) -> None:
+        self.signum = self.signum or signum
+
+
+def _run_in_process(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
     """Each seed's fit in turn, in this process; a failed seed is reported and cleaned up as ``fedrcl fit``
-    would (a fedrcl error in one line, anything else with its traceback) and the others still run."""
+    would (a fedrcl error in one line, anything else with its traceback) and the others still run. A stop
+    signal ends the seed in progress after its round (checkpointed) and starts no other."""
     from fedrcl.cli import report_user_error
+    from fedrcl.federated.preemption import Preempted, stop_signal
     from fedrcl.lightning_cli import FedRCLCLI, build_cli, remove_failed_start
 
-    failed = []
-    for seed, args in runs.items():
-        print(f"fedrcl seeds: seed {seed}: fedrcl fit {' '.join(args)}", flush=True)
+    outcome, seeds = Outcome(), list(runs)
+    for i, seed in enumerate(seeds):
+        if stop.signum is not None:
+            outcome.not_started, outcome.signum = seeds[i:], stop.signum
+            break
+        print(f"fedrcl seeds: seed {seed}: fedrcl fit {' '.join(runs[seed])}", flush=True)
         cli = FedRCLCLI.__new__(FedRCLCLI)
         try:
-            build_cli(["fit", *args], cli)
-        except SystemExit as stop:
-            if stop.code not in (0, None):
-                failed.append(seed)
+            build_cli(["fit", *runs[seed]], cli)
+            stop.signum = stop.signum or stop_signal(getattr(cli, "trainer", None))  # came in its last round
+        except Preempted as preempted:
+            outcome.stopped, outcome.not_started = [seed], seeds[i + 1:]
+            outcome.signum = preempted.code - 128
+            outcome.where = f" (seed {seed} after round {preempted.round}/{preempted.rounds}, checkpoint " \
+                            f"{preempted.checkpoint})"
+            break
+        except SystemExit as exit_:
+            if exit_.code not in (0, None):
+                outcome.failed.append(seed)
         except Exception as error:  # noqa: BLE001 (a bad seed must not stop the others)
             remove_failed_start(cli)
-            if not report_user_error(error, prog=f"fedrcl seeds: seed {seed}"):
+            if not report_user_error(error, prog=f"fedrcl seeds: seed {seed}", argv=runs[seed]):
                 traceback.print_exc()
-            failed.append(seed)
-    return failed
+            outcome.failed.append(seed)
+    return outcome
 
 
-def _run_processes(runs: dict[int, list[str]], parallel: int, log_dir: Path) -> list[int]:
+def _run_processes(runs: dict[int, list[str]], parallel: int, log_dir: Path, stop: StopSignal) -> Outcome:
+    """Up to ``parallel`` ``fedrcl fit`` processes at a time. A stop signal is passed on to the running fits,
+    which stop after their round (exit status 128 + signal), and no other seed starts."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // parallel)))
     log_dir.mkdir(parents=True, exist_ok=True)
-    pending, running, failed = list(runs.items()), {}, []
+    pending, running, outcome, passed_on = list(runs.items()), {}, Outcome(), False
     while pending or running:
+        if stop.signum is not None and not passed_on:
+            outcome.signum, outcome.not_started, pending, passed_on = stop.signum, [s for s, _ in pending], [], True
+            for proc, _ in running.values():
+                proc.send_signal(stop.signum)
         while pending and len(running) < parallel:
             seed, args = pending.pop(0)
             log = open(log_dir / f"seed{seed}.log", "a", encoding="utf-8")
@@ -121,10 +175,25 @@ def _run_processes(runs: dict[int, list[str]], parallel: int, log_dir: Path) -> 
                 log.close()
                 del running[seed]
                 print(f"fedrcl seeds: seed {seed} finished with exit status {proc.returncode}", flush=True)
-                if proc.returncode != 0:
-                    failed.append(seed)
+                if passed_on and proc.returncode == 128 + outcome.signum:
+                    outcome.stopped.append(seed)
+                elif proc.returncode != 0:
+                    outcome.failed.append(seed)
         time.sleep(0.5)
-    return failed
+    return outcome
+
+
+def resume_command(seeds_args: list[str], fit_args: list[str], outcome: Outcome) -> str:
+    """The command line(s) that finish what a stop signal interrupted: the stopped seeds with ``--ckpt_path
+    last``, then the seeds not started as they were asked for."""
+    from fedrcl.cli import split_ckpt_path
+
+    commands = []
+    for seeds, extra in ((outcome.stopped, [*split_ckpt_path(fit_args)[0], "--ckpt_path", "last"]),
+                         (outcome.not_started, fit_args)):
+        if seeds:
+            commands.append(shlex.join(["fedrcl", "seeds", "--seeds", *map(str, seeds), *seeds_args, *extra]))
+    return " && ".join(commands)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -154,12 +223,22 @@ def main(argv: Optional[list[str]] = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     runs = {seed: fit_args_for_seed(fit_args, config, seed, args.vary_split) for seed in args.seeds}
-    if args.parallel == 1:
-        failed = _run_in_process(runs)
-    else:
-        failed = _run_processes(runs, args.parallel, Path(save_dir) / name)
     where = Path(save_dir) / name
-    if failed:
-        print(f"fedrcl seeds: seeds {failed} failed; the others are in {where}/seed<k>", file=sys.stderr)
+    with StopSignal() as stop:
+        if args.parallel == 1:
+            outcome = _run_in_process(runs, stop)
+        else:
+            outcome = _run_processes(runs, args.parallel, where, stop)
+    if outcome.failed:
+        print(f"fedrcl seeds: seeds {outcome.failed} failed; the others are in {where}/seed<k>", file=sys.stderr)
+    if outcome.signum is not None:
+        own = [*(["--parallel", str(args.parallel)] if args.parallel != 1 else []),
+               *(["--vary_split"] if args.vary_split else [])]
+        resume = resume_command(own, fit_args, outcome) or "nothing left to run"
+        print(f"fedrcl seeds: stopped by {signal.Signals(outcome.signum).name}{outcome.where}; stopped after a "
+              f"round: {outcome.stopped or 'none'}, not started: {outcome.not_started or 'none'}; resume: {resume}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + outcome.signum)
+    if outcome.failed:
         raise SystemExit(1)
     print(f"fedrcl seeds: {len(runs)} runs in {where}/seed<k>; summary: fedrcl report {where}", flush=True)

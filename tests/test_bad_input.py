@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import run_cli
 from fedrcl.data.datamodule import FederatedDataModule
@@ -203,6 +204,16 @@ SHORT_CASES = [  # (arguments, the message, exit status): values, files, checkpo
     (["--trainer.round", "5"], "unrecognized arguments: --trainer.round 5", 2),
     (["--data.dataset", "mnist"], "data.dataset mnist: unknown dataset 'mnist'; allowed: cifar10", 2),
     (["--model", "fedrcl.algorithms.Nope"], "--model fedrcl.algorithms.Nope: not a class fedrcl can import", 2),
+    # a constructor's refusal, named by the key as typed (the constructor says model.lr, conv_padding)
+    (["--model.init_args.lr", "-0.1"], "fedrcl: error: model.init_args.lr must be > 0, got -0.1", 1),
+    (["--model.init_args.backbone.conv_padding", "0"],
+     "fedrcl: error: --model.init_args.backbone.conv_padding 0: SmallCNN: image_size=8 with conv_padding=0", 1),
+    (["--trainer.gradient_clip_algorithm", "value"],
+     "trainer.gradient_clip_algorithm is set by fedrcl's round loop: model.init_args.grad_clip_norm", 2),
+    pytest.param(["--trainer.accelerator", "gpu"],
+                 "fedrcl: error: trainer.accelerator gpu: this machine has none; available here: auto, cpu", 1,
+                 marks=pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(),
+                                          reason="this machine has a GPU")),
 ]
 
 
@@ -227,6 +238,41 @@ def test_a_bad_config_file_is_named_in_one_line(data_root, tmp_path, content, me
     assert_short(err, message)
     if "num_clinets" not in message:
         assert str(bad) in err
+
+
+def test_a_read_only_save_folder_is_one_line(data_root, tmp_path, monkeypatch):
+    """The logger's first folder cannot be made (a read-only file system, as on a mounted dataset volume)."""
+    import errno
+    import os
+
+    save_dir, makedirs = tmp_path / "runs", os.makedirs
+
+    def read_only(path, *args, **kwargs):
+        if Path(path).is_relative_to(save_dir):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return makedirs(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", read_only)
+    code, err = fedrcl(data_root, save_dir)
+    assert code == 1
+    assert_short(err, f"fedrcl: error: cannot write {save_dir}")
+    assert "Read-only file system" in err
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_last_checkpoint(data_root, tmp_path,
+                                                                                     monkeypatch):
+    """The second write of last.ckpt meets a full disk: one line naming the file and that the earlier
+    checkpoints are intact (torch's own report was two tracebacks ending in ``unexpected pos``)."""
+    import faults
+
+    faults.install("enospc:last.ckpt:2", monkeypatch)
+    code, err = fedrcl(data_root, tmp_path / "runs", "--trainer.rounds", "3", "--trainer.checkpoint_every", "1")
+    last = tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
+    assert code == 1
+    assert_short(err, f"fedrcl: error: checkpoint {last} not written (No space left on device")
+    assert "the checkpoints written before it are intact" in err and "unexpected pos" not in err
+    assert torch.load(last, weights_only=True)["epoch"] == 0  # round 1's, whole
+    assert not list(last.parent.glob(".*.tmp"))
 
 
 def test_fedrcl_debug_shows_the_traceback(data_root, tmp_path, monkeypatch):

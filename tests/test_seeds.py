@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -156,6 +157,35 @@ def test_a_failed_seed_reports_a_fedrcl_error_in_one_line(data_root, tmp_path, c
     assert "seeds [0, 1] failed" in err and not (tmp_path / "FedAvg").exists()
 
 
+SIGTERM_IN_ROUND = ("--trainer.callbacks+=faults.SignalAt", "--trainer.callbacks.init_args.step=1",
+                    "--trainer.callbacks.init_args.round")
+
+
+@pytest.mark.parametrize("signal_round, stopped, not_started", [(2, [0], [1, 2]), (3, [], [1, 2])])
+def test_sigterm_stops_the_seed_in_progress_and_starts_no_other(data_root, tmp_path, capsys, signal_round,
+                                                                 stopped, not_started):
+    """SIGTERM in a round of seed 0 (3 rounds): the seed stops after that round, checkpointed (in its last
+    round it simply ends); it is not called failed, seeds 1 and 2 never start, and one line says how to finish
+    them all; exit status 143, as for fedrcl fit."""
+    args = [*fit_args(data_root, tmp_path, "fedrcl.algorithms.FedAvg"), "--trainer.rounds", "3",
+            *SIGTERM_IN_ROUND, str(signal_round)]
+    with pytest.raises(SystemExit) as stop:
+        main(["seeds", "--seeds", "0", "1", "2", *args])
+    err = capsys.readouterr().err
+    assert stop.value.code == 143, err[-3000:]
+    assert "failed" not in err and "Traceback" not in err
+    assert sorted(p.name for p in (tmp_path / "FedAvg").iterdir()) == ["seed0"]
+    last = torch.load(next((tmp_path / "FedAvg" / "seed0").glob("version_0/checkpoints/last.ckpt")),
+                      weights_only=True)
+    assert last["epoch"] == signal_round - 1  # the round the signal came in, whole
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("fedrcl seeds: stopped by SIGTERM"), line
+    assert f"stopped after a round: {stopped or 'none'}, not started: {not_started}" in line
+    commands = line.split("; resume: ", 1)[1].split(" && ")
+    resume = [f"fedrcl seeds --seeds 0 {shlex.join(args)} --ckpt_path last"] if stopped else []
+    assert commands == [*resume, f"fedrcl seeds --seeds 1 2 {shlex.join(args)}"]
+
+
 @pytest.mark.slow
 def test_parallel_seeds_run_as_processes(data_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the children import this checkout's fedrcl
@@ -169,7 +199,7 @@ def test_parallel_seeds_run_as_processes(data_root, tmp_path, monkeypatch):
     assert [cmd[:4] for cmd in fits] == [[sys.executable, "-m", "fedrcl.cli", "fit"]] * 2
     for seed in (3, 4):
         assert events(tmp_path / "FedAvg" / f"seed{seed}", "val/acc").keys() == {1}
-        assert "max_epochs=1" in (tmp_path / "FedAvg" / f"seed{seed}.log").read_text()
+        assert "fedrcl: 1/1 rounds in " in (tmp_path / "FedAvg" / f"seed{seed}.log").read_text()
 
 
 def test_paper_cells_show_the_mean_over_seeds(tmp_path):

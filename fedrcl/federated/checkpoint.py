@@ -31,6 +31,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from fedrcl.errors import disk_error
 from fedrcl.federated.deadline import stopped_after_round
 from fedrcl.federated.divergence import all_finite
 from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
@@ -42,7 +43,8 @@ def _is_local(path: Any) -> bool:
 
 
 def write_atomically(path: Path, write: Callable[[Any], None]) -> None:
-    """Write ``path`` by ``write(file)`` into a temporary file in its folder, fsync, rename into place."""
+    """Write ``path`` by ``write(file)`` into a temporary file in its folder, fsync, rename into place. A full
+    disk or an unwritable folder raises one ``OSError`` naming ``path`` (and leaves no temporary file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
@@ -52,9 +54,13 @@ def write_atomically(path: Path, write: Callable[[Any], None]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
-        raise
+        disk = disk_error(error)  # torch wraps a failed write in a RuntimeError ("unexpected pos")
+        if disk is None:
+            raise
+        raise OSError(disk.errno, f"checkpoint {path} not written ({disk.strerror}); the checkpoints written "
+                                  "before it are intact: make room, then resume with --ckpt_path last") from error
     folder = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(folder)  # the rename itself survives a power cut

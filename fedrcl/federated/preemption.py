@@ -123,6 +123,13 @@ class Preemption(L.Callback):
             trainer.should_stop = True
 
 
+def stop_signal(trainer: Optional[L.Trainer]) -> Optional[int]:
+    """The stop signal a fit of ``trainer`` received, if any: also one that came in its last round (that fit
+    ends as usual), which a caller running several fits (``fedrcl seeds``) must still obey."""
+    connector = getattr(trainer, "_signal_connector", None)
+    return connector.signum if isinstance(connector, PreemptionSignals) else None
+
+
 def preempted(trainer: L.Trainer) -> Optional[Preempted]:
     """The ``Preempted`` a finished ``fit`` ends in, or ``None`` (no signal, or the run had trained all of its
     rounds when it came). Requeues a SLURM job after the requeue signal (rank 0)."""
