@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
@@ -41,22 +42,26 @@ class PersistentClientState(FedAvg):
         if self.store is None:
             root = self.trainer.log_dir or self.trainer.default_root_dir
             directory = self.state_dir or Path(root) / "client_state"
-            checkpoints = [c.dirpath for c in self.trainer.checkpoint_callbacks if c.dirpath]
+            checkpoints = [c.dirpath for c in self.trainer.checkpoint_callbacks
+                           if isinstance(c, ModelCheckpoint) and c.dirpath]
             self.store = ClientStateStore(directory, max_in_memory=self.max_states_in_memory,
                                           checkpoint_dirs=checkpoints)
 
     def load_client_state(self, client_id: int) -> Optional[dict[str, Tensor]]:
         """The client's state on this module's device, or ``None`` before its first participation."""
+        assert self.store is not None, "setup creates the store"
         return self.store.get(client_id, self.device)
 
     def save_client_state(self, client: ClientContext, state: dict[str, Tensor]) -> None:
         """Keep ``state`` as the client's state after this round (written to disk at once)."""
+        assert self.store is not None, "setup creates the store"
         path = self.store.put(client.client_id, state, round_idx=client.round_idx)
         self._written[client.client_id] = str(path)
 
     def on_train_epoch_end(self) -> None:
         super().on_train_epoch_end()
         if self.trainer.world_size > 1:  # before the checkpoint: every process's manifest covers every client
+            assert self.store is not None, "setup creates the store"
             for rank, files in enumerate(gather_objects(self.trainer, self._written)):
                 if rank != self.trainer.global_rank:
                     self.store.adopt(files)

@@ -75,6 +75,7 @@ class FedAvg(ClientExchange, L.LightningModule):
         self.client: Optional[ClientContext] = None
         self.stack: Optional[Any] = None  # the round's clients while they train batched (``StackedClients``)
 
+    backbone: nn.Module
     # Batched clients (``trainer.client_batching``): tensor attributes that ``on_client_start`` sets per
     # client and ``client_loss`` reads (stacked on a client axis when clients train together); a reason
     # string if the method cannot train batched (its clients then train one after another).
@@ -89,7 +90,8 @@ class FedAvg(ClientExchange, L.LightningModule):
 
     def client_forward(self, x: Tensor) -> ModelOutput:
         """The local model's forward pass in training (FedMLB overrides it to keep the unpooled maps)."""
-        return self.backbone(x)
+        out: ModelOutput = self.backbone(x)
+        return out
 
     def on_client_start(self, client: ClientContext) -> None:
         """A client begins local training from ``client.global_state`` (already loaded): fresh optimizer."""
@@ -124,9 +126,11 @@ class FedAvg(ClientExchange, L.LightningModule):
 
         Written for one client; batched clients map it over the client axis (``fedrcl.federated.batched``).
         """
+        client = self.client
+        assert client is not None, "local_loss runs in a client's run (on_client_start sets self.client)"
         loss, parts = self.client_loss(x, y, self.client_forward(x))
-        server = self.client.server
-        server_term = None if server is None else server.client_regularizer(self._params, self.client.global_state)
+        server = client.server
+        server_term = None if server is None else server.client_regularizer(self._params, client.global_state)
         if server_term is not None:  # a term the server optimizer adds to every client's loss (FedACG)
             loss, parts["server"] = loss + server_term, server_term
         return loss, parts

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
+from fedrcl.data.datamodule import datamodule_of
 from fedrcl.losses.info_nce import info_nce
-from fedrcl.models.output import ModelOutput
+from fedrcl.models.output import ModelOutput, feature_dims
 
 
 class FedCL(FedAvg):
@@ -37,7 +38,7 @@ class FedCL(FedAvg):
             raise ValueError(f"model.temperature must be > 0, got {temperature}")
         if weight < 0:
             raise ValueError(f"model.weight must be >= 0, got {weight}")
-        num_levels = len(self.backbone.feature_dims)
+        num_levels = len(feature_dims(self.backbone))
         for level in levels or []:
             if not -num_levels <= level < num_levels:
                 raise ValueError(f"model.levels entry {level} is outside the backbone's {num_levels} levels")
@@ -45,7 +46,7 @@ class FedCL(FedAvg):
         self.levels = [l % num_levels for l in levels] if levels else list(range(num_levels))
 
     def setup(self, stage: str) -> None:
-        views = getattr(self.trainer.datamodule, "views", 1)
+        views = getattr(datamodule_of(self.trainer), "views", 1)
         if stage == "fit" and views != 2:
             raise ValueError(f"FedCL needs two views per batch: set data.views: 2 (got {views}); "
                              "configs/methods/fedcl.yaml does")

@@ -12,17 +12,26 @@ the server step (``fedrcl.server.client_reports``).
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms.client_memory import PersistentClientState
+from fedrcl.data.datamodule import datamodule_of
 from fedrcl.federated.context import ClientContext
 from fedrcl.losses.dynamic_regularizer import dual_update, dynamic_regularizer
 from fedrcl.models.output import ModelOutput
 from fedrcl.server.feddyn import FedDyn as FedDynServer
+
+
+def _server_half(client: Optional[ClientContext]) -> FedDynServer:
+    """The client's copy of the server half (``server_half``: a run with another server is refused)."""
+    server = client.server if client is not None else None
+    assert isinstance(server, FedDynServer), "FedDyn runs with its server half"
+    return server
 
 
 class FedDyn(PersistentClientState):
@@ -44,7 +53,7 @@ class FedDyn(PersistentClientState):
         super().setup(stage)
         if stage != "fit":  # evaluating a checkpoint needs no sample counts
             return
-        dm = self.trainer.datamodule
+        dm = datamodule_of(self.trainer)
         self._total_samples = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
 
     def on_client_start(self, client: ClientContext) -> None:
@@ -57,18 +66,19 @@ class FedDyn(PersistentClientState):
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)
-        dyn = dynamic_regularizer(list(self.backbone.parameters()), self._dual, self._anchors, self.client.server.alpha)
+        dyn = dynamic_regularizer(list(self.backbone.parameters()), self._dual, self._anchors,
+                                  _server_half(self.client).alpha)
         return ce + dyn, {"ce": ce, "dyn": dyn}
 
     @torch.no_grad()
     def on_client_end(self, client: ClientContext) -> None:
         own = self.load_client_state(client.client_id)
         state = {n: dual_update(torch.zeros_like(p) if own is None else own[n], p, client.global_state[n],
-                                client.server.alpha)
+                                _server_half(client).alpha)
                  for n, p in self.backbone.named_parameters()}
         self.save_client_state(client, state)
         self._anchors = []
 
-    def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
+    def receive_upload(self, client: ClientContext, upload: Mapping[str, Tensor]) -> None:
         """The server half takes a client's sample count (called by the round, on the server's copy)."""
-        client.server.receive(client.num_samples, self._total_samples)
+        _server_half(client).receive(client.num_samples, self._total_samples)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
+from fedrcl.data.datamodule import datamodule_of
 from fedrcl.federated.context import ClientContext
 from fedrcl.losses.logit_calibration import calibrated_cross_entropy
 from fedrcl.models.output import ModelOutput
@@ -40,10 +41,11 @@ class FedLC(FedAvg):
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
-        dm = self.trainer.datamodule
+        dm = datamodule_of(self.trainer)
         labels = dm.y_train[dm.client_indices[client.client_id]]
         self.class_counts = torch.bincount(labels, minlength=dm.num_classes)
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        assert self.class_counts is not None, "on_client_start sets the client's class counts"
         loss = calibrated_cross_entropy(out.logits, y, self.class_counts, self.tau)
         return loss, {"ce_calibrated": loss, "ce": F.cross_entropy(out.logits.detach(), y)}

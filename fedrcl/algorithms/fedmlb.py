@@ -50,6 +50,8 @@ class FedMLB(GlobalTeacherClient):
         temperature: softmax temperature T of the KL term; must be > 0.
     """
 
+    backbone: LevelBackbone  # checked in __init__
+
     def __init__(self, hybrid_ce_weight: float = 1.0, hybrid_kd_weight: float = 1.0, temperature: float = 1.0,
                  **kwargs: Any):
         super().__init__(**kwargs)
@@ -71,7 +73,9 @@ class FedMLB(GlobalTeacherClient):
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)
         # Not FrozenGlobalModel.__call__ (no_grad): the gradient must pass through the frozen global blocks.
-        branches = [forward_from(self.teacher.module, k, h) for k, h in enumerate(self._maps)]
+        teacher = self.teacher.module
+        assert isinstance(teacher, LevelBackbone)  # the backbone's copy, loaded at the client's start
+        branches = [forward_from(teacher, k, h) for k, h in enumerate(self._maps)]
         self._maps = []
         hybrid_ce, hybrid_kl = hybrid_branch_losses(out.logits, branches, y, self.temperature)
         loss = ce + self.hybrid_ce_weight * hybrid_ce.mean() + self.hybrid_kd_weight * hybrid_kl.mean()

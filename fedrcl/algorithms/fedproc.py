@@ -19,7 +19,7 @@ the count-weighted mean of the clients' class means. It never sees an image or a
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import torch
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
+from fedrcl.data.datamodule import datamodule_of
 from fedrcl.federated.context import ClientContext
 from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
 from fedrcl.models.output import ModelOutput
@@ -55,11 +56,13 @@ class PrototypeServer:
         if self._sums is None:
             return
         sums, counts = self._sums, self._counts
+        assert counts is not None  # reported together with the sums
         if reduce is not None:
             sums, counts = reduce(sums), reduce(counts)
         seen = counts > 0
         if self.prototypes is None:
             self.prototypes, self.available = torch.zeros_like(sums), torch.zeros_like(seen)
+        assert self.available is not None  # set together with the prototypes
         self.prototypes = torch.where(seen.unsqueeze(1), sums / counts.clamp(min=1).unsqueeze(1), self.prototypes)
         self.available = self.available | seen
         self._sums = self._counts = None
@@ -95,7 +98,9 @@ class FedProc(FedAvg):
         """alpha_t = 1 - t / T (0 while there are no prototypes)."""
         if self.prototype_server.prototypes is None:
             return 0.0
-        return max(0.0, 1.0 - round_idx / (self.anneal_rounds or self.trainer.max_epochs))
+        rounds = self.anneal_rounds or self.trainer.max_epochs
+        assert rounds is not None  # FederatedTrainer sets max_epochs to trainer.rounds
+        return max(0.0, 1.0 - round_idx / rounds)
 
     def end_server_round(self, reduce: Optional[Callable[[Tensor], Tensor]] = None) -> None:
         """The round's reports become the prototypes (after the server step, before the round's checkpoint;
@@ -105,38 +110,43 @@ class FedProc(FedAvg):
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)
+        assert self.client is not None, "client_loss runs in a client's run"
         alpha = self.proto_weight(self.client.round_idx)
         if alpha == 0.0:
             return ce, {"ce": ce, "proto": torch.zeros_like(ce)}
-        proto = prototype_contrastive_loss(out.features[-1], y, self.prototype_server.prototypes.to(ce.device),
-                                           self.prototype_server.available.to(ce.device), self.temperature)
+        prototypes, available = self.prototype_server.prototypes, self.prototype_server.available
+        assert prototypes is not None and available is not None  # alpha > 0: there are prototypes
+        proto = prototype_contrastive_loss(out.features[-1], y, prototypes.to(ce.device), available.to(ce.device),
+                                           self.temperature)
         return (1 - alpha) * ce + alpha * proto, {"ce": ce, "proto": proto}
 
     @torch.no_grad()
     def on_client_end(self, client: ClientContext) -> None:
         """The client reports class sums and counts of its representations (computed on its own data)."""
-        dm = self.trainer.datamodule
+        dm = datamodule_of(self.trainer)
         indices = dm.client_indices[client.client_id]
-        sums = counts = None
+        sums: Optional[Tensor] = None
+        counts: Optional[Tensor] = None
         for start in range(0, len(indices), dm.eval_batch_size):
             idx = indices[start:start + dm.eval_batch_size]
             z = self.backbone(dm.model_input(dm.x_train[idx])).features[-1].float()
             s, c = class_feature_sums(z, dm.y_train[idx], dm.num_classes)
-            sums, counts = (s, c) if sums is None else (sums + s, counts + c)
+            sums, counts = (s, c) if sums is None or counts is None else (sums + s, counts + c)
+        assert sums is not None and counts is not None, f"client {client.client_id} has no training samples"
         self._report = {"sums": sums, "counts": counts}
 
-    def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
+    def receive_upload(self, client: ClientContext, upload: Mapping[str, Tensor]) -> None:
         """The server half takes a client's report (called by the round, on the server's copy)."""
         self.prototype_server.report(upload["sums"], upload["counts"])
 
     def extra_download(self, client: ClientContext) -> dict[str, Tensor]:
         """Sent to a client besides the weights (for the byte count): the prototypes, once there are any."""
         server = self.prototype_server
-        if server.prototypes is None:
+        if server.prototypes is None or server.available is None:  # set together
             return {}
         return {"prototypes": server.prototypes, "available": server.available}
 
-    def load_download(self, client: ClientContext, extra: dict[str, Tensor]) -> None:
+    def load_download(self, client: ClientContext, extra: Mapping[str, Tensor]) -> None:
         """The client's copy takes the prototypes ``extra_download`` sent."""
         self.prototype_server.prototypes = extra.get("prototypes")
         self.prototype_server.available = extra.get("available")

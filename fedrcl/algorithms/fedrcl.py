@@ -17,7 +17,7 @@ from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.losses.relaxed_contrastive import relaxed_contrastive_terms
-from fedrcl.models.output import ModelOutput
+from fedrcl.models.output import ModelOutput, feature_dims
 
 
 class FedRCL(FedAvg):
@@ -49,7 +49,7 @@ class FedRCL(FedAvg):
             raise ValueError("model.pos_topk and model.neg_topk must both be set or both be null")
         self.temperature, self.threshold, self.beta = temperature, threshold, beta
         self.pos_topk, self.neg_topk = pos_topk, neg_topk
-        num_levels = len(self.backbone.feature_dims)
+        num_levels = len(feature_dims(self.backbone))
         for level in levels or []:
             if not -num_levels <= level < num_levels:
                 raise ValueError(f"model.levels entry {level} is outside the backbone's {num_levels} levels")
@@ -57,10 +57,10 @@ class FedRCL(FedAvg):
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)
-        scl, penalty = zip(*(relaxed_contrastive_terms(
+        scls, penalties = zip(*(relaxed_contrastive_terms(
             out.features[l], y, temperature=self.temperature, threshold=self.threshold,
             pos_topk=self.pos_topk, neg_topk=self.neg_topk) for l in self.levels))
-        scl, penalty = torch.stack(scl), torch.stack(penalty)
+        scl, penalty = torch.stack(scls), torch.stack(penalties)
         loss = ce + scl.mean() + self.beta * penalty.mean()
         parts = {"ce": ce, "scl": scl.mean(), "penalty": penalty.mean()}
         for l, s, p in zip(self.levels, scl, penalty):

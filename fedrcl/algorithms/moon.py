@@ -60,7 +60,7 @@ class MOON(GlobalTeacherClient, PersistentClientState):
         super().on_client_start(client)
         previous = self.load_client_state(client.client_id)
         self.has_previous = previous is not None
-        if self.has_previous:
+        if previous is not None:
             self.previous.load_(self.backbone, previous)
 
     def on_client_end(self, client: ClientContext) -> None:

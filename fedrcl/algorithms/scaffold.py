@@ -26,17 +26,26 @@ Execution: batched clients stack ``c - c_i`` (``client_tensors``); several proce
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms.client_memory import PersistentClientState
+from fedrcl.data.datamodule import datamodule_of
 from fedrcl.federated.context import ClientContext
 from fedrcl.losses.control_variate import control_variate_delta, linear_term
 from fedrcl.models.output import ModelOutput
 from fedrcl.server.scaffold import SCAFFOLD as ScaffoldServer
+
+
+def _server_half(client: Optional[ClientContext]) -> ScaffoldServer:
+    """The client's copy of the server half (``server_half``: a run with another server is refused)."""
+    server = client.server if client is not None else None
+    assert isinstance(server, ScaffoldServer), "SCAFFOLD runs with its server half"
+    return server
 
 
 class SCAFFOLD(PersistentClientState):
@@ -59,13 +68,13 @@ class SCAFFOLD(PersistentClientState):
         super().setup(stage)
         if stage != "fit":  # evaluating a checkpoint needs no sample counts
             return
-        dm = self.trainer.datamodule
+        dm = datamodule_of(self.trainer)
         self._total_samples = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
         names = [name for name, _ in self.backbone.named_parameters()]
-        control = client.server.control({n: client.global_state[n] for n in names})
+        control = _server_half(client).control({n: client.global_state[n] for n in names})
         own = self.load_client_state(client.client_id)
         self._correction = torch.cat([(control[n] if own is None else control[n] - own[n]).reshape(-1)
                                       for n in names])
@@ -81,16 +90,16 @@ class SCAFFOLD(PersistentClientState):
     @torch.no_grad()
     def on_client_end(self, client: ClientContext) -> None:
         params = dict(self.backbone.named_parameters())
-        control = client.server.control(params)
+        control = _server_half(client).control(params)
         delta = {n: control_variate_delta(client.global_state[n], p, self._lr_sum, control[n])
                  for n, p in params.items()}
         own = self.load_client_state(client.client_id)
         self.save_client_state(client, delta if own is None else {n: own[n] + d for n, d in delta.items()})
         self._upload = delta
 
-    def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
+    def receive_upload(self, client: ClientContext, upload: Mapping[str, Tensor]) -> None:
         """The server half takes a client's ``delta c_i`` (called by the round, on the server's copy)."""
-        client.server.receive(upload, client.num_samples, self._total_samples)
+        _server_half(client).receive(upload, client.num_samples, self._total_samples)
 
     def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:
         """``delta c_i``, sent with the weights (called after ``on_client_end``)."""

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from fedrcl.data.datamodule import datamodule_of
 from fedrcl.federated.context import ClientContext
 from fedrcl.federated.federation import RoundCallback
 
@@ -164,8 +165,9 @@ class ClientEvaluation(RoundCallback):
         if not self._due(trainer):
             return
         started = time.perf_counter()
-        dm = trainer.datamodule
-        correct, total = self.class_counts_correct(pl_module.backbone, dm, local_state)
+        backbone, dm = pl_module.backbone, datamodule_of(trainer)
+        assert isinstance(backbone, nn.Module)  # a fedrcl client algorithm's
+        correct, total = self.class_counts_correct(backbone, dm, local_state)
         own = label_mix_accuracy(correct, total, self.class_counts(dm)[client.client_id])
         self._local[client.client_id] = float(correct.sum() / total.sum()), float(own)
         self._seconds += time.perf_counter() - started
@@ -175,8 +177,9 @@ class ClientEvaluation(RoundCallback):
         if not self._due(trainer):
             return
         started = time.perf_counter()
-        dm = trainer.datamodule
-        correct, total = self.class_counts_correct(pl_module.backbone, dm)
+        backbone, dm = pl_module.backbone, datamodule_of(trainer)
+        assert isinstance(backbone, nn.Module)  # a fedrcl client algorithm's
+        correct, total = self.class_counts_correct(backbone, dm)
         counts = self.class_counts(dm)
         global_mix = label_mix_accuracy(correct, total, counts)
         metrics = {f"clients/global_mix_acc_{k}": v for k, v in spread_summary(global_mix).items()}

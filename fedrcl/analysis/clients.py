@@ -7,14 +7,14 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from fedrcl.data.datamodule import FederatedDataModule
+from fedrcl.data.datamodule import FederatedDataModule, Partition
 from fedrcl.data.datasets import load_dataset
 from fedrcl.data.partition import label_counts
 
 __all__ = ["partition_counts"]
 
 
-def partition_counts(dataset: str, root: str = "data", num_clients: int = 100, partition: str = "dirichlet",
+def partition_counts(dataset: str, root: str = "data", num_clients: int = 100, partition: Partition = "dirichlet",
                      alpha: float = 0.3, shards_per_client: int = 2, seed: int = 0, download: bool = False,
                      **data: Any) -> np.ndarray:
     """Samples of each class at each client, ``[num_clients, num_classes]``, for the given ``data`` settings.

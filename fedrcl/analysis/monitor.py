@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedrcl.analysis.metrics import _vci, class_covariances, deviation_bound, effective_rank
+from fedrcl.data.datamodule import datamodule_of
 from fedrcl.federated.context import ClientContext
 from fedrcl.federated.federation import RoundCallback
 
@@ -102,9 +103,11 @@ class RepresentationMonitor(RoundCallback):
             return
         started = time.perf_counter()
         client_id = self._client_id
-        metrics = self.measure(pl_module.backbone, trainer.datamodule, client_id)
+        backbone, dm = pl_module.backbone, datamodule_of(trainer)
+        assert isinstance(backbone, nn.Module)  # a fedrcl client algorithm's
+        metrics = self.measure(backbone, dm, client_id)
         if self._local is not None:
-            local = self.measure(pl_module.backbone, trainer.datamodule, client_id, state=self._local)
+            local = self.measure(backbone, dm, client_id, state=self._local)
             metrics.update({k.replace("repr/", "repr/local/", 1): v for k, v in local.items()})
             self._local = None
         metrics["time/repr_seconds"] = time.perf_counter() - started

@@ -9,6 +9,7 @@ without a Python loop over samples.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -59,12 +60,11 @@ def _random_theta(
     rotation, i.e. the rotation is applied first to the image, then the crop,
     then the flip.  All random numbers are drawn as one tensor each.
     """
-    kw = dict(generator=generator, device=device)
-    angle = (torch.rand(batch, **kw) * 2.0 - 1.0) * (float(info.rotation) * math.pi / 180.0)
+    angle = (torch.rand(batch, generator=generator, device=device) * 2.0 - 1.0) * (float(info.rotation) * math.pi / 180.0)
     p = int(info.crop_padding)
-    shift = torch.randint(-p, p + 1, (batch, 2), **kw).to(torch.float32)  # (dx, dy) pixels
+    shift = torch.randint(-p, p + 1, (batch, 2), generator=generator, device=device).to(torch.float32)  # (dx, dy) pixels
     if info.hflip:
-        flip = torch.where(torch.rand(batch, **kw) < 0.5, -1.0, 1.0)
+        flip = torch.where(torch.rand(batch, generator=generator, device=device) < 0.5, -1.0, 1.0)
     else:
         flip = torch.ones(batch, device=device)
 
@@ -87,7 +87,7 @@ def _random_theta(
     return torch.cat([linear, offset], dim=2)
 
 
-def augment_batch(images: Tensor, generator: torch.Generator, info: DatasetInfo, train: bool) -> Tensor:
+def augment_batch(images: Tensor, generator: Optional[torch.Generator], info: DatasetInfo, train: bool) -> Tensor:
     """uint8 ``[B, H, W, C]`` -> normalised float32 ``[B, C, H, W]``, augmented if ``train``.
 
     With ``train=True`` every sample gets its own random rotation, uniform in
@@ -118,6 +118,8 @@ def augment_batch(images: Tensor, generator: torch.Generator, info: DatasetInfo,
     _check(images, info)
     if not train:
         return to_normalized(images, info)
+    if generator is None:
+        raise ValueError("augmenting (train=True) needs a generator on the images' device")
     if generator.device.type != images.device.type:
         raise ValueError(
             f"generator lives on {generator.device} but images on {images.device}; "

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 import lightning as L
 import numpy as np
@@ -106,8 +106,8 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(f"data.alpha must be > 0, got {alpha}")
         if channels_last not in ("auto", "on", "off"):
             raise ValueError(f"data.channels_last must be one of auto, on, off, got {channels_last!r}")
-        if partition not in Partition.__args__:
-            raise ValueError(f"data.partition must be one of {', '.join(Partition.__args__)}, got {partition!r}")
+        if partition not in get_args(Partition):
+            raise ValueError(f"data.partition must be one of {', '.join(get_args(Partition))}, got {partition!r}")
         self.dataset, self.root, self.download = dataset, Path(root), download
         self.num_clients, self.partition, self.alpha = num_clients, partition, alpha
         self.shards_per_client, self.seed = shards_per_client, seed
@@ -164,6 +164,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.client_indices = [torch.as_tensor(p, dtype=torch.long, device=device) for p in self.split(data.y_train)]
         smallest = min(range(self.num_clients), key=lambda k: len(self.client_indices[k]))
         if self.batch_size is None:
+            assert self.local_iters_per_epoch is not None  # __init__: batch_size null needs local_iters_per_epoch
             self.batch_size = max(1, len(self.client_indices[smallest]) // self.local_iters_per_epoch)
         if len(self.client_indices[smallest]) < self.batch_size:
             raise ValueError(
@@ -175,12 +176,12 @@ class FederatedDataModule(L.LightningDataModule):
         if self._file_split is not None:
             check_split(self._file_split, len(labels), f"data.partition_file {self.partition_file}")
             return self._file_split
-        labels = labels.numpy()
+        y = labels.numpy()
         if self.partition == "iid":
-            return iid_partition(labels, self.num_clients, seed=self.seed)
+            return iid_partition(y, self.num_clients, seed=self.seed)
         if self.partition == "shards":
-            return shard_partition(labels, self.num_clients, self.shards_per_client, seed=self.seed)
-        return dirichlet_partition(labels, self.num_clients, self.alpha, seed=self.seed,
+            return shard_partition(y, self.num_clients, self.shards_per_client, seed=self.seed)
+        return dirichlet_partition(y, self.num_clients, self.alpha, seed=self.seed,
                                    balanced=self.partition == "dirichlet")
 
     def model_input(self, images: Tensor, generator: Optional[torch.Generator] = None,
@@ -195,7 +196,11 @@ class FederatedDataModule(L.LightningDataModule):
     def client_steps_per_epoch(self, client_id: int) -> int:
         if self.local_iters_per_epoch is not None:
             return self.local_iters_per_epoch
-        return -(-self.client_num_samples(client_id) // self.batch_size)
+        return -(-self.client_num_samples(client_id) // self._batch_size())
+
+    def _batch_size(self) -> int:
+        assert self.batch_size is not None, "setup sets a null batch_size from local_iters_per_epoch"
+        return self.batch_size
 
     def client_batches(self, client_id: int, round_idx: int, local_epochs: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
         """The client's augmented training batches for one round, local epoch after local epoch."""
@@ -203,13 +208,13 @@ class FederatedDataModule(L.LightningDataModule):
         n, device = len(indices), indices.device
         gen = torch.Generator(device=device)
         gen.manual_seed(stream_seed(seed, round_idx, client_id))
-        steps = self.client_steps_per_epoch(client_id)
+        steps, batch_size = self.client_steps_per_epoch(client_id), self._batch_size()
         for _ in range(local_epochs):
-            needed = steps * self.batch_size if self.local_iters_per_epoch is not None else n
+            needed = steps * batch_size if self.local_iters_per_epoch is not None else n
             order = torch.cat([torch.randperm(n, generator=gen, device=device) for _ in range(-(-needed // n))])
             order = indices[order[:needed]]
-            for start in range(0, needed, self.batch_size):
-                idx = order[start:start + self.batch_size]
+            for start in range(0, needed, batch_size):
+                idx = order[start:start + batch_size]
                 x = self.model_input(self.x_train[idx], gen, train=self.augment)
                 if self.views == 1:
                     yield x, self.y_train[idx]
@@ -238,6 +243,11 @@ class FederatedDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> "EvalBatches":
         return EvalBatches(self)
+
+
+def datamodule_of(trainer: L.Trainer) -> FederatedDataModule:
+    """The federated data module ``trainer`` runs with (Lightning sets ``trainer.datamodule`` without declaring it)."""
+    return trainer.datamodule  # type: ignore[attr-defined]
 
 
 class RoundBatches:

@@ -186,7 +186,7 @@ def _save_npz(arrays: dict[str, np.ndarray], root: Path, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{path.stem}.", suffix=".npz.tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stubs: a key could be allow_pickle
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["SPLIT_FORMAT", "read_split", "write_split", "check_split", "authors_split_name"]
 
@@ -38,7 +39,7 @@ _JSON_KEYS = ("format", "dataset", "num_clients", "clients")
 _AUTHORS_NAME = re.compile(r"dirichlet(?P<alpha>\d+(?:\.\d+)?)_clients(?P<clients>\d+)\.txt")
 
 
-def write_split(path: str | Path, parts: Sequence[Sequence[int]], dataset: str) -> Path:
+def write_split(path: str | Path, parts: Sequence[npt.ArrayLike], dataset: str) -> Path:
     """Write ``parts`` (one index sequence per client) as ``fedrcl-split/1`` JSON, one client per line.
 
     The file is written to a temporary name in the same folder and then renamed, so a reader never sees
@@ -139,8 +140,8 @@ def _parse_json(obj: object, path: Path, dataset: Optional[str]) -> list[np.ndar
     unknown = [k for k in obj if k not in _JSON_KEYS]
     if missing or unknown:
         raise ValueError(f"{path}: {SPLIT_FORMAT} needs exactly the keys {', '.join(_JSON_KEYS)}; "
-                         + "; ".join(filter(None, [missing and f"missing {', '.join(missing)}",
-                                                   unknown and f"unknown {', '.join(unknown)}"])))
+                         + "; ".join(filter(None, [f"missing {', '.join(missing)}" if missing else None,
+                                                   f"unknown {', '.join(unknown)}" if unknown else None])))
     if dataset is not None and obj["dataset"] != dataset:
         raise ValueError(f"{path}: a split of {obj['dataset']!r}, but data.dataset is {dataset!r}")
     clients = obj["clients"]

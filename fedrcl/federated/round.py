@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from torch import Tensor
 
@@ -36,6 +36,10 @@ from fedrcl.federated.context import ClientContext
 from fedrcl.federated.divergence import DivergenceError, all_finite, client_failure, divergence_message
 from fedrcl.federated.exchange import Reduce, Tensors
 from fedrcl.federated.weights import load_state_
+
+if TYPE_CHECKING:  # the round imports neither Lightning nor the algorithms at run time
+    from fedrcl.algorithms.fedavg import FedAvg
+    from fedrcl.server.base import ServerOptimizer
 
 HINT = ("Lower model.init_args.lr or set model.init_args.grad_clip_norm; --ckpt_path last resumes from the last "
         "good checkpoint.")
@@ -72,8 +76,8 @@ class ServerRound:
         vote: whether any process has a failed client, given this one's answer (``None``: one process).
     """
 
-    def __init__(self, server: Any, algorithm: Any, round_idx: int, global_state: Mapping[str, Tensor],
-                 ledger: Optional[RoundLedger] = None, reduce: Reduce = None,
+    def __init__(self, server: ServerOptimizer, algorithm: FedAvg, round_idx: int,
+                 global_state: Mapping[str, Tensor], ledger: Optional[RoundLedger] = None, reduce: Reduce = None,
                  vote: Optional[Callable[[bool], bool]] = None):
         self.server, self.algorithm, self.round_idx = server, algorithm, round_idx
         self.global_state = dict(global_state)
@@ -132,12 +136,13 @@ class ClientRun:
         downlink: what the client received.
     """
 
-    def __init__(self, algorithm: Any, client: ClientContext, downlink: Downlink):
+    def __init__(self, algorithm: FedAvg, client: ClientContext, downlink: Downlink):
         self.algorithm, self.client, self.downlink = algorithm, client, downlink
 
     def start(self) -> None:
         """Load the broadcast weights, install the extras, call ``on_client_start``."""
         algorithm, client, extras = self.algorithm, self.client, self.downlink.extras
+        assert client.server is not None, "a client's run is given its copy of the server"
         load_state_(algorithm.backbone, self.downlink.sent)
         client.server.load_broadcast(client, extras.get("broadcast", {}))
         algorithm.load_download(client, extras.get("download", {}))

@@ -38,7 +38,8 @@ def _lse_with_zero(x: Tensor) -> Tensor:
     return torch.logsumexp(torch.cat([torch.zeros_like(x[..., :1]), x], dim=-1), dim=-1)
 
 
-def _validate(features: Tensor, labels: Tensor, temperature: float, pos_topk, neg_topk) -> None:
+def _validate(features: Tensor, labels: Tensor, temperature: float, pos_topk: int | None,
+              neg_topk: int | None) -> None:
     if features.dim() != 2:
         raise ValueError(f"features must be 2-D [B, D], got shape {tuple(features.shape)}")
     if labels.dim() != 1 or labels.shape[0] != features.shape[0]:
@@ -127,6 +128,7 @@ def relaxed_contrastive_terms(
         if pos_topk is None:
             scl, penalty = _all_pairs_terms(s, partners, eye, temperature, threshold)
         else:
+            assert neg_topk is not None  # _validate: both or neither
             scl, penalty = _hard_mining_terms(
                 s, same, partners, temperature, threshold, pos_topk, neg_topk
             )

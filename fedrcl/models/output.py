@@ -31,6 +31,13 @@ def check_backbone_args(name: str, num_classes: int, in_channels: int, image_siz
         raise ValueError(f"{name}: image_size must be >= {min_image_size}, got {image_size}")
 
 
+def feature_dims(backbone: nn.Module) -> list[int]:
+    """``backbone.feature_dims``: the width of each entry of its ``ModelOutput.features`` (torch types a
+    module's own attributes only as ``Tensor | Module``)."""
+    dims: list[int] = getattr(backbone, "feature_dims")
+    return dims
+
+
 class LevelBackbone(nn.Module):
     """A backbone written level by level, so that one ``forward`` serves it and FedMLB can graft levels.
 

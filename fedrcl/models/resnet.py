@@ -130,7 +130,9 @@ class ResNet18(LevelBackbone):
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
             for block in stage[:-1]:
                 out = block(out)
-            pre = stage[-1].forward_preact(out)
+            last = stage[-1]
+            assert isinstance(last, BasicBlock)
+            pre = last.forward_preact(out)
             features.append(_gap(pre))
             out = torch.relu(pre)
         return _gap(out), features
@@ -147,7 +149,9 @@ class ResNet18(LevelBackbone):
         stage = (self.layer1, self.layer2, self.layer3, self.layer4)[level - 1]
         for block in stage[:-1]:
             h = block(h)
-        return stage[-1].forward_preact(h)
+        last = stage[-1]
+        assert isinstance(last, BasicBlock)
+        return last.forward_preact(h)
 
     def forward_head(self, h: Tensor) -> Tensor:
         """Logits from ``relu`` of the last level's output: global average pool, then ``fc``."""

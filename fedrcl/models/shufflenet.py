@@ -124,9 +124,12 @@ class ShuffleNetV1(LevelBackbone):
         if level == 0:
             return self.stem(h)
         stage = self.stages[level - 1]
+        assert isinstance(stage, nn.Sequential)
         for unit in stage[:-1]:
             h = unit(h)
-        return stage[-1].forward_preact(h)
+        last = stage[-1]
+        assert isinstance(last, ShuffleUnit)
+        return last.forward_preact(h)
 
     def forward_head(self, h: Tensor) -> Tensor:
         """Logits from ``relu`` of the last level's output: global average pool, then ``fc``."""

@@ -61,6 +61,7 @@ class VGG9(LevelBackbone):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / (m.kernel_size[0] * m.kernel_size[1] * m.out_channels)))
+                assert m.bias is not None  # every conv here has a bias
                 nn.init.zeros_(m.bias)
 
     def forward_level(self, level: int, h: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ memory (momenta, moments) through checkpoints, so ``--ckpt_path last`` resumes e
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -52,7 +52,7 @@ class ServerOptimizer(ServerExchange):
         """Weights the round's clients start from (not modified by the caller)."""
         return global_state
 
-    def client_regularizer(self, params: dict[str, Tensor], sent: Mapping[str, Tensor]) -> Optional[Tensor]:
+    def client_regularizer(self, params: Mapping[str, Tensor], sent: Mapping[str, Tensor]) -> Optional[Tensor]:
         """A term the server adds to every client's local loss at every step; ``None`` adds nothing.
 
         Args:
@@ -72,11 +72,11 @@ class ServerOptimizer(ServerExchange):
         """
         raise NotImplementedError
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Server memory to checkpoint (empty for memoryless servers); tensors and plain containers only."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
 
 

@@ -45,10 +45,12 @@ class FedACG(StatefulServer):
         momentum = self.buffer("momentum", global_state)
         return {k: (w + self.lam * momentum[k]).to(w.dtype) if k in momentum else w for k, w in global_state.items()}
 
-    def client_regularizer(self, params: dict[str, Tensor], sent: Mapping[str, Tensor]) -> Optional[Tensor]:
+    def client_regularizer(self, params: Mapping[str, Tensor], sent: Mapping[str, Tensor]) -> Optional[Tensor]:
         if self.beta == 0:
             return None
-        return self.beta / 2 * sum((p - sent[k]).pow(2).sum() for k, p in params.items())
+        total = sum((p - sent[k]).pow(2).sum() for k, p in params.items())
+        assert isinstance(total, Tensor)  # a model has parameters, so the sum is a tensor
+        return self.beta / 2 * total
 
     def step(self, global_state: State, sent: Mapping[str, Tensor], client_mean: Mapping[str, Tensor]) -> State:
         delta = round_update(sent, client_mean)
