@@ -9,7 +9,7 @@ that exchanges more than the weights overrides the hooks of ``fedrcl.federated.e
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import lightning as L
 import torch
@@ -21,6 +21,9 @@ from fedrcl.federated.context import ClientContext
 from fedrcl.federated.exchange import ClientExchange
 from fedrcl.federated.strategy import sum_over_processes
 from fedrcl.models.output import ModelOutput
+
+if TYPE_CHECKING:
+    from fedrcl.federated.batched import StackedClients
 
 Backbone = Callable[[int, int, int], nn.Module]
 
@@ -73,7 +76,7 @@ class FedAvg(ClientExchange, L.LightningModule):
         self.acc_ema: Optional[float] = None
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.client: Optional[ClientContext] = None
-        self.stack: Optional[Any] = None  # the round's clients while they train batched (``StackedClients``)
+        self.stack: Optional[StackedClients] = None  # the round's clients while they train batched (``StackedClients``)
 
     backbone: nn.Module
     # Batched clients (``trainer.client_batching``): tensor attributes that ``on_client_start`` sets per

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional, get_args
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -29,6 +29,9 @@ from torch.func import functional_call, vmap
 from fedrcl.federated.plan import RoundPlan
 from fedrcl.federated.round import ClientResult, ClientRun
 
+if TYPE_CHECKING:
+    from fedrcl.algorithms.fedavg import FedAvg
+
 Mode = Literal["auto", "on", "off"]
 # torch.compile backend of the batched step; tests set a cheap one ("aot_eager") to run it on the CPU.
 COMPILE_BACKEND = "inductor"
@@ -37,7 +40,7 @@ COMPILE_BACKEND = "inductor"
 class _LocalLoss(nn.Module):
     """``algorithm.local_loss`` as a module call, so that ``functional_call`` can swap the weights it sees."""
 
-    def __init__(self, algorithm: nn.Module):
+    def __init__(self, algorithm: FedAvg):
         super().__init__()
         self.algorithm = algorithm
 
@@ -68,13 +71,13 @@ class ClientBatching:
     """
 
     def __init__(self, mode: Mode = "auto", compile: bool = False):
-        if mode not in Mode.__args__:
-            raise ValueError(f"trainer.client_batching must be one of {', '.join(Mode.__args__)}, "
+        if mode not in get_args(Mode):
+            raise ValueError(f"trainer.client_batching must be one of {', '.join(get_args(Mode))}, "
                              f"got {mode!r}")
         self.mode, self.compile = mode, compile
         self._noticed: set[str] = set()
         self._module: Optional[_LocalLoss] = None
-        self._losses = None
+        self._losses: Optional[Callable[..., tuple[Tensor, dict[str, Tensor]]]] = None
         self._low: Optional[torch.dtype] = None
         self.compile_seconds: Optional[float] = None
 
@@ -96,7 +99,7 @@ class ClientBatching:
             rank_zero_info(f"trainer.client_batching: clients trained one after another: {reason}")
         return False
 
-    def losses(self, pl_module: nn.Module, params: dict[str, Tensor], client_tensors: dict[str, Tensor],
+    def losses(self, pl_module: FedAvg, params: dict[str, Tensor], client_tensors: dict[str, Tensor],
                x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weight slices (``[k]``).
 
@@ -111,7 +114,8 @@ class ClientBatching:
             self._module, self._low = _LocalLoss(pl_module), low
             module = self._module
 
-            def one_client(p: dict[str, Tensor], c: dict[str, Tensor], xb: Tensor, yb: Tensor):
+            def one_client(p: dict[str, Tensor], c: dict[str, Tensor], xb: Tensor, yb: Tensor
+                           ) -> tuple[Tensor, dict[str, Tensor]]:
                 if low is not None:
                     p, xb = {name: w.to(low) for name, w in p.items()}, xb.to(low)
                 return functional_call(module, p, (c, xb, yb))
@@ -125,6 +129,7 @@ class ClientBatching:
         prefixed = {f"algorithm.backbone.{name}": p for name, p in params.items()}
         first = self.compile and self.compile_seconds is None
         start = time.perf_counter()
+        assert self._losses is not None  # built above
         out = self._losses(prefixed, client_tensors, x, y)
         if first:  # the first call compiles (a one-off host sync to time it)
             if x.device.type == "cuda":

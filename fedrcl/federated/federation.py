@@ -38,6 +38,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from fedrcl.algorithms.fedavg import FedAvg as ClientAlgorithm
+from fedrcl.data.datamodule import datamodule_of
 from fedrcl.federated.batched import ClientBatching, StackedClients
 from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.context import ClientContext
@@ -50,6 +52,12 @@ from fedrcl.federated.strategy import process_sum
 from fedrcl.federated.weights import load_state_, snapshot
 from fedrcl.server import FedAvg, ServerOptimizer
 from fedrcl.server.base import StatefulServer
+
+
+def client_algorithm(pl_module: L.LightningModule) -> ClientAlgorithm:
+    """``pl_module`` as the client algorithm it is (``Federation.setup`` refuses any other model)."""
+    assert isinstance(pl_module, ClientAlgorithm)
+    return pl_module
 
 
 class RoundCallback(L.Callback):
@@ -105,18 +113,18 @@ class Federation(L.Callback):
 
     # -- planning -----------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        dm = trainer.datamodule
+        dm = datamodule_of(trainer)
         if not hasattr(dm, "client_batches"):
             raise TypeError("FederatedTrainer needs a FederatedDataModule (data.class_path)")
-        if not hasattr(pl_module, "on_client_start"):
+        if not isinstance(pl_module, ClientAlgorithm):
             raise TypeError("FederatedTrainer needs a client algorithm from fedrcl.algorithms (model.class_path)")
         check_method(pl_module, self.server, training=stage == "fit")
-        misplaced = [type(c).__name__ for c in trainer.callbacks
+        misplaced = [type(c).__name__ for c in trainer.callbacks  # type: ignore[attr-defined]
                      if not isinstance(c, RoundCallback) and hasattr(c, "on_client_end")]
         if misplaced:
             raise TypeError(f"trainer.callbacks {', '.join(misplaced)} define on_client_end but are not "
                             "fedrcl.federated.federation.RoundCallback subclasses: it would never be called")
-        for callback in trainer.callbacks:
+        for callback in trainer.callbacks:  # type: ignore[attr-defined]
             if isinstance(callback, RoundCallback):
                 callback.ledger = self.ledger
         self.datamodule = dm
@@ -139,12 +147,14 @@ class Federation(L.Callback):
     def clients_per_round(self) -> int:
         if self._clients_per_round is not None:
             return self._clients_per_round
+        assert self.participation is not None  # __init__: one of the two is set
         return max(1, round(self.participation * self.datamodule.num_clients))
 
     def plan(self, round_idx: int) -> RoundPlan:
         """This process's clients for ``round_idx`` (cached for the current round)."""
         if self._plan is None or self._plan.round_idx != round_idx:
             dm, trainer = self.datamodule, self.datamodule.trainer
+            assert trainer is not None  # setup attached the data module
             sampled = sample_clients(dm.num_clients, self.clients_per_round, self.seed, round_idx)
             mine = tuple(sampled[trainer.global_rank::trainer.world_size])
             self._plan = RoundPlan(
@@ -162,7 +172,8 @@ class Federation(L.Callback):
         self._log_ledger(trainer)
         self.ledger.start_round(trainer.current_epoch)
         self._started = time.perf_counter()
-        self.round = ServerRound(self.server, pl_module, trainer.current_epoch, snapshot(pl_module.backbone),
+        algorithm = client_algorithm(pl_module)
+        self.round = ServerRound(self.server, algorithm, trainer.current_epoch, snapshot(algorithm.backbone),
                                  self.ledger, reduce=process_sum(trainer),
                                  vote=lambda failed: trainer.strategy.reduce_boolean_decision(failed, all=False))
         self._runs: list[ClientRun] = []  # the clients training now (several when batched)
@@ -188,7 +199,7 @@ class Federation(L.Callback):
         assert self.round is not None
         client = self.round.context(plan.client_ids[position], plan.num_samples[position], plan.steps[position],
                                     self.seed)
-        return ClientRun(pl_module, client, self.round.downlink(client))
+        return ClientRun(client_algorithm(pl_module), client, self.round.downlink(client))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -201,7 +212,9 @@ class Federation(L.Callback):
         if not slot.last_step_of_client:
             return
         if plan.batched:  # every client of the stack ends at this step
-            pl_module.stack.finish(self._loss_sum, lambda run, result: self._fold(trainer, pl_module, run, result))
+            stack = client_algorithm(pl_module).stack
+            assert stack is not None  # set by StackedClients at the round's first step
+            stack.finish(self._loss_sum, lambda run, result: self._fold(trainer, pl_module, run, result))
         else:
             self._fold(trainer, pl_module, self._runs[0], self._runs[0].end(self._loss_sum))
         self._runs, self._loss_sum = [], None
@@ -215,7 +228,7 @@ class Federation(L.Callback):
         then the server round takes it (divergence check, bytes, upload, weighted sum). A batched round's
         summed loss is checked with each of its clients."""
         with self.ledger.timed("evaluation"):
-            for callback in trainer.callbacks:
+            for callback in trainer.callbacks:  # type: ignore[attr-defined]
                 if isinstance(callback, RoundCallback):
                     callback.on_client_end(trainer, pl_module, run.client, result.weights)
         assert self.round is not None
@@ -223,13 +236,14 @@ class Federation(L.Callback):
 
     def _finish_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         assert self.round is not None
-        load_state_(pl_module.backbone, self.round.finish())
+        algorithm = client_algorithm(pl_module)
+        load_state_(algorithm.backbone, self.round.finish())
         self.round = None
         reduce = process_sum(trainer)
         self.ledger.totals(None if reduce is None else lambda n: int(reduce(
             torch.tensor(float(n), dtype=torch.float64, device=pl_module.device))))
         pl_module.log("time/round_seconds", time.perf_counter() - self._started, on_step=False, on_epoch=True)
-        pl_module.log("train/lr", pl_module.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True)
+        pl_module.log("train/lr", algorithm.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True)
 
     # -- the ledger: evaluation time, and each round's bytes and seconds logged once its wall time is known --
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -14,7 +14,7 @@ bitwise those of ``fedrcl fit`` on CPU (``tests/test_flower.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import lightning as L
 import torch
@@ -25,6 +25,11 @@ from fedrcl.federated.exchange import check_method
 from fedrcl.federated.plan import RoundPlan
 from fedrcl.federated.round import ClientResult, ClientRun, Downlink
 from fedrcl.federated.weights import snapshot
+
+if TYPE_CHECKING:
+    from fedrcl.algorithms.fedavg import FedAvg
+    from fedrcl.data.datamodule import FederatedDataModule
+    from fedrcl.federated.trainer import FederatedTrainer
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class LocalUpdate:
         datamodule: the federated data (set up here if it is not yet).
     """
 
-    def __init__(self, trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule):
+    def __init__(self, trainer: FederatedTrainer, module: FedAvg, datamodule: FederatedDataModule):
         self.trainer, self.module, self.datamodule = trainer, module, datamodule
         attach(trainer, module, datamodule)
         self.federation = trainer.federation
@@ -92,6 +97,7 @@ class LocalUpdate:
 
                 def closure() -> Tensor:
                     loss = trainer.strategy.training_step(batch, batch_idx)
+                    assert isinstance(loss, Tensor)  # FedAvg.training_step returns the loss
                     optimizer.zero_grad()
                     trainer.strategy.backward(loss, optimizer)
                     losses.append(loss.detach())
