@@ -36,7 +36,8 @@ def state_bytes(state: Mapping[str, Tensor]) -> Counter:
 
 def client_traffic(down: Iterable[Mapping[str, Tensor]], up: Iterable[Mapping[str, Tensor]]) -> tuple[Counter, Counter]:
     """``(down, up)`` bytes by dtype of one client in one round: the state dicts it received and sent."""
-    received, sent = Counter(), Counter()
+    received: Counter[str] = Counter()
+    sent: Counter[str] = Counter()
     for state in down:
         received.update(state_bytes(state))
     for state in up:

@@ -53,11 +53,11 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def init_args(obj: Any, prefix: str) -> dict[str, Any]:
     """``prefix.<arg>`` for every constructor argument of ``obj``'s class (and its bases) that ``obj`` keeps
     as an attribute of the same name with a plain value."""
-    facts = {}
+    facts: dict[str, Any] = {}
     for cls in type(obj).__mro__:
         if "__init__" not in vars(cls):
             continue
-        for name in inspect.signature(cls.__init__).parameters:
+        for name in inspect.signature(vars(cls)["__init__"]).parameters:
             value = getattr(obj, name, None) if name != "self" else None
             if isinstance(value, _PLAIN) and hasattr(obj, name):
                 facts.setdefault(f"{prefix}.{name}", value)
@@ -66,7 +66,8 @@ def init_args(obj: Any, prefix: str) -> dict[str, Any]:
 
 def config_facts(trainer: L.Trainer) -> dict[str, Any]:
     """The math-relevant part of the parsed ``fedrcl fit`` config, if the run came from LightningCLI."""
-    config = next((c.config for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)
+    config = next((c.config for c in trainer.callbacks  # type: ignore[attr-defined]
+                   if isinstance(c, SaveConfigCallback)), None)
     if config is None:
         return {}
     tree = config.as_dict() if hasattr(config, "as_dict") else dict(config)
@@ -83,7 +84,7 @@ def config_facts(trainer: L.Trainer) -> dict[str, Any]:
 
 def run_fingerprint(trainer: L.Trainer, model: L.LightningModule, datamodule: Any) -> dict[str, Any]:
     """The fingerprint of a run from its trainer, client algorithm and federated datamodule."""
-    federation, dm = trainer.federation, datamodule
+    federation, dm = trainer.federation, datamodule  # type: ignore[attr-defined]  # a FederatedTrainer's
     facts = {
         # The keys of the first fingerprint (checkpoints written before this module): names and values kept.
         "data.dataset": dm.dataset, "data.num_clients": dm.num_clients, "data.partition": dm.partition,

@@ -73,11 +73,12 @@ class FederatedStrategy(DDPStrategy):
         # (``fedrcl.federated.preemption``: every process stops after the same round, checkpointed).
         loop = trainer.fit_loop.epoch_loop
         if hasattr(loop, "_broadcast_sigterm_tensor"):
-            loop._broadcast_sigterm_tensor = _no_per_step_collective
+            loop._broadcast_sigterm_tensor = _no_per_step_collective  # type: ignore[method-assign]
         super().setup(trainer)
 
     def configure_ddp(self) -> None:
         """No ``DistributedDataParallel``: the processes only start from rank 0's weights."""
+        assert self.model is not None  # connected before configure_ddp
         with torch.no_grad():
             for tensor in self.model.state_dict().values():
                 dist.broadcast(tensor, src=0)
