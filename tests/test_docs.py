@@ -47,3 +47,20 @@ def test_readme_is_one_screen_and_links_into_the_site():
         assert (REPO / link).exists(), link
     for image in re.findall(r"!\[[^]]*\]\(([^)]+)\)", readme):
         assert (REPO / image).is_file(), image
+
+
+def test_concepts_package_layout_names_every_folder_and_backbone():
+    """docs/concepts.md's layout covers the package: every subpackage, every shipped backbone, every module
+    of fedrcl/federated that a new method touches (round, exchange)."""
+    import fedrcl.models
+
+    text = (REPO / "docs" / "concepts.md").read_text(encoding="utf-8")
+    layout = text[text.index("## Package layout"):text.index("## Seeds, checkpoints, resume")]
+    folders = [p.name for p in (REPO / "fedrcl").iterdir() if (p / "__init__.py").is_file()]
+    assert len(folders) >= 8
+    missing = [f for f in folders if f"fedrcl/{f}/" not in layout]
+    assert not missing, f"folders the layout does not name: {missing}"
+    backbones = [name for name in fedrcl.models.__all__ if name != "ModelOutput"]
+    assert not [b for b in backbones if f"`{b}`" not in layout]
+    for module in ("fedrcl/federated/round.py", "fedrcl/federated/exchange.py"):
+        assert module in layout

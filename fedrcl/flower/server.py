@@ -31,21 +31,18 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from fedrcl.cli import split_ckpt_path
 from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint, resume_path
-from fedrcl.federated.federation import Federation, RoundCallback
+from fedrcl.federated.exchange import check_method
+from fedrcl.federated.federation import Federation
 from fedrcl.federated.weights import load_state_
 from fedrcl.federated.local_update import attach
 from fedrcl.flower.config import Args, as_args, build, run_args
 from fedrcl.flower.strategy import FedrclStrategy
 
 
-def refused_callbacks(trainer) -> list[str]:
-    """The config's callbacks that see each client's local model (``RoundCallback.on_client_end``): on Flower
-    the local models stay on the nodes, so such a run is refused."""
-    return [type(c).__name__ for c in trainer.callbacks if isinstance(c, RoundCallback)]
-
-
 def not_run(trainer) -> list[str]:
-    """The config's callbacks that a Flower run does not call (its rounds are Flower's, not Lightning's)."""
+    """The config's callbacks that a Flower run does not call (its rounds are Flower's, not Lightning's),
+    among them every ``RoundCallback``: their ``on_client_end`` would need the clients' local models, which
+    stay on the nodes. The run says so, naming them, before it starts."""
     kept = (SaveConfigCallback, ModelCheckpoint, ProgressBar, Federation)
     return [type(c).__name__ for c in trainer.callbacks if not isinstance(c, kept)]
 
@@ -102,10 +99,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     args, ckpt_path = split_ckpt_path(as_args(args))
     cli = build(args)
     module, dm, trainer = cli.model, cli.datamodule, cli.trainer
-    refused = refused_callbacks(trainer)
-    if refused:
-        raise ValueError(f"trainer.callbacks {', '.join(refused)}: they see each client's local model "
-                         "(on_client_end), which stays on its node on Flower; run them with fedrcl fit")
+    check_method(module, trainer.federation.server)  # before anything is written
     ignored = not_run(trainer)
     if ignored:
         log(WARNING, "fedrcl.flower does not run these trainer.callbacks: %s", ", ".join(ignored))
@@ -113,7 +107,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     attach(trainer, module, dm)
     trainer.state.fn, trainer.state.stage = TrainerFn.FITTING, RunningStage.TRAINING
     federation = trainer.federation
-    federation.setup(trainer, module, "fit")  # the method's check (fedrcl.federated.exchange), the fingerprint
+    federation.setup(trainer, module, "fit")  # the resume fingerprint kept in checkpoints
     first_round, steps = resume(trainer, module, path) if path is not None else (0, 0)
     for callback in trainer.callbacks:
         if isinstance(callback, SaveConfigCallback):
