@@ -103,10 +103,11 @@ def test_fedrcl_plot_leaves_out_a_run_without_the_tags_and_says_so(two_methods, 
 
 
 def test_report_and_plot_do_not_load_lightning_or_torch(two_methods, tmp_path):
-    """Both read runs in a fresh process that never imports Lightning or torch."""
-    code = (f"import sys; from fedrcl.report import main as report; from fedrcl.plot import main as plot; "
-            f"report([{str(two_methods)!r}, '--out', {str(tmp_path / 'r.md')!r}]); "
-            f"plot([{str(two_methods)!r}, '--tags', 'val/acc_ema', '--out', {str(tmp_path / 'p')!r}]); "
+    """Both, run through the ``fedrcl`` command's dispatcher, read runs in a fresh process that never imports
+    Lightning or torch."""
+    code = (f"import sys; from fedrcl.cli import main; "
+            f"main(['report', {str(two_methods)!r}, '--out', {str(tmp_path / 'r.md')!r}]); "
+            f"main(['plot', {str(two_methods)!r}, '--tags', 'val/acc_ema', '--out', {str(tmp_path / 'p')!r}]); "
             "print(sorted(m for m in ('lightning', 'torch', 'tensorboard') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
