@@ -180,7 +180,8 @@ def _run_processes(runs: dict[int, list[str]], parallel: int, log_dir: Path, sto
                 elif proc.returncode != 0:
                     outcome.failed.append(seed)
         time.sleep(0.5)
-    return outcome
+    outcome.failed, outcome.stopped = ([s for s in runs if s in done] for done in (outcome.failed, outcome.stopped))
+    return outcome  # in the order the seeds were given, not the order they ended
 
 
 def resume_command(seeds_args: list[str], fit_args: list[str], outcome: Outcome) -> str:

@@ -187,6 +187,40 @@ def test_sigterm_stops_the_seed_in_progress_and_starts_no_other(data_root, tmp_p
 
 
 @pytest.mark.slow
+def test_sigterm_to_parallel_seeds_reaches_the_running_fits(data_root, tmp_path):
+    """``--parallel 2``: SIGTERM to ``fedrcl seeds`` alone is passed on to both running fits, which stop after
+    their round, checkpointed; seed 2 never starts; exit status 143 and the line that finishes them."""
+    import os
+    import signal
+    import time
+
+    args = [*fit_args(data_root, tmp_path, "fedrcl.algorithms.FedAvg"), "--trainer.rounds", "50"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedrcl.cli", "seeds", "--seeds", "0", "1", "2", "--parallel",
+                             "2", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        logs, deadline = [tmp_path / "FedAvg" / f"seed{k}.log" for k in (0, 1)], time.monotonic() + 300
+        while not all(log.exists() and "Round 1/50" in log.read_text() for log in logs):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)  # the parent only, as `kill PID` would
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:  # a hang: end the fits too
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert "stopped after a round: [0, 1], not started: [2]" in line, line
+    assert line.endswith(f"resume: fedrcl seeds --seeds 0 1 --parallel 2 {shlex.join(args)} --ckpt_path last && "
+                         f"fedrcl seeds --seeds 2 --parallel 2 {shlex.join(args)}"), line
+    for k in (0, 1):
+        last = next((tmp_path / "FedAvg" / f"seed{k}").glob("version_0/checkpoints/last.ckpt"))
+        assert 0 <= torch.load(last, weights_only=True)["epoch"] < 49
+    assert not (tmp_path / "FedAvg" / "seed2").exists()
+
+
+@pytest.mark.slow
 def test_parallel_seeds_run_as_processes(data_root, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the children import this checkout's fedrcl
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
