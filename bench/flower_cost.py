@@ -1,14 +1,17 @@
 """Seconds per round of the quickstart through Flower, over ``fedrcl fit``, measured in one run of this script.
 
-Three runs of the same config (``configs/quickstart.yaml``: FedRCL, small CNN, digits, 20 clients, 5 per
-round, 2 local epochs; ``--rounds`` rounds, its analysis callback off, each in a fresh process so start-up
-counts alike): ``fedrcl fit``; Flower's simulation (``python -m fedrcl.flower``, Ray, one actor); a localhost
-deployment (``fedrcl.flower.localhost``: a SuperLink and ``--nodes`` SuperNodes as processes, ``flwr run``).
-All three give the same weights (tests/test_flower.py). Per run: the whole wall time (start-up included)
-and the median ``time/round_wall_seconds`` of rounds 2.. (the steady state: Ray's and the first ClientApp's
-start-up fall in round 1); then both as ratios over ``fedrcl fit``.
+Runs of the same config (``configs/quickstart.yaml``: FedRCL, small CNN, digits, shrunk by default to 10
+clients, 3 per round, 1 local epoch, 5 rounds; its analysis callback off; each in a fresh process so
+start-up counts alike): ``fedrcl fit``; Flower's simulation (``python -m fedrcl.flower``, Ray, one actor); a
+localhost deployment (``fedrcl.flower.localhost``: a SuperLink and ``--nodes`` SuperNodes as processes,
+``flwr run``; one ``train`` message per node and round). All give the same weights (tests/test_flower.py;
+checked here for the deployment). Per run: the whole wall time (start-up included) and the median
+``time/round_wall_seconds`` of rounds 2.. (the steady state: Ray's and the first ClientApp's start-up fall
+in round 1); both as ratios over ``fedrcl fit``; last ``deploy_overhead_s=<median deployed minus median
+fit seconds per round>``.
 
-    python bench/flower_cost.py [--rounds 4] [--nodes 2]
+    OMP_NUM_THREADS=1 python bench/flower_cost.py [--rounds 5] [--clients 10] [--per-round 3]
+        [--local-epochs 1] [--nodes 2] [--no-simulation]
 """
 from __future__ import annotations
 
@@ -21,15 +24,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from fedrcl.analysis.runs import load_scalars
 from fedrcl.flower.localhost import QUIET, LocalDeployment
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def args_for(tmp: Path, folder: str, rounds: int) -> list[str]:
+def args_for(tmp: Path, folder: str, opts: argparse.Namespace) -> list[str]:
     return ["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(tmp / "data"),
-            "--trainer.rounds", str(rounds), "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false",
+            "--trainer.rounds", str(opts.rounds), "--data.num_clients", str(opts.clients),
+            "--trainer.clients_per_round", str(opts.per_round), "--trainer.local_epochs", str(opts.local_epochs),
+            "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false",
             "--trainer.logger.init_args.save_dir", str(tmp / folder)]
 
 
@@ -38,10 +45,19 @@ def steady_round(run: Path) -> float:
     return statistics.median(s for r, s in zip(rounds, seconds) if r > 1)
 
 
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    path = run / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--per-round", type=int, default=3)
+    parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--no-simulation", action="store_true", help="only fedrcl fit and the deployment")
     opts = parser.parse_args()
     env = {**os.environ, **QUIET}
     results: dict[str, tuple[float, float]] = {}
@@ -49,21 +65,28 @@ def main() -> None:
         tmp = Path(name)
         commands = {"fit": ("fedrcl fit", [sys.executable, "-m", "fedrcl.cli", "fit"]),
                     "simulation": ("flower simulation", [sys.executable, "-m", "fedrcl.flower"])}
+        if opts.no_simulation:
+            del commands["simulation"]
         for folder, (mode, command) in commands.items():
             started = time.perf_counter()
-            subprocess.run([*command, *args_for(tmp, folder, opts.rounds)], check=True, env=env, cwd=tmp,
+            subprocess.run([*command, *args_for(tmp, folder, opts)], check=True, env=env, cwd=tmp,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=3600)
             results[mode] = time.perf_counter() - started, steady_round(tmp / folder)
-        mode = f"flower localhost ({opts.nodes} SuperNodes)"
+        deployed = f"flower localhost ({opts.nodes} SuperNodes)"
         started = time.perf_counter()
         with LocalDeployment(opts.nodes, workdir=tmp / "deployment") as deployment:
-            deployment.run(args_for(tmp, "localhost", opts.rounds), timeout=3600)
-        results[mode] = time.perf_counter() - started, steady_round(tmp / "localhost")
+            deployment.run(args_for(tmp, "localhost", opts), timeout=3600)
+        results[deployed] = time.perf_counter() - started, steady_round(tmp / "localhost")
+        a, b = final_weights(tmp / "fit"), final_weights(tmp / "localhost")
+        equal = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     wall0, round0 = results["fedrcl fit"]
-    print(f"quickstart, {opts.rounds} rounds, {os.cpu_count()} CPUs")
+    print(f"quickstart, {opts.clients} clients, {opts.per_round} per round, {opts.local_epochs} local epochs, "
+          f"{opts.rounds} rounds, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     print(f"{'run':<34} {'wall s':>8} {'s/round':>8} {'wall ratio':>10} {'round ratio':>11}")
     for mode, (wall, per_round) in results.items():
         print(f"{mode:<34} {wall:8.1f} {per_round:8.2f} {wall / wall0:10.2f} {per_round / round0:11.2f}")
+    print(f"deployment's final weights equal fedrcl fit's: {equal}")
+    print(f"deploy_overhead_s={results[deployed][1] - round0:.2f}")
 
 
 if __name__ == "__main__":

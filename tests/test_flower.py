@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -202,14 +203,14 @@ def server_task(monkeypatch):
         monkeypatch.setattr(TaskIdentity, name, value)
 
 
-def _round(num_clients: int = 6):
+def _round(num_clients: int = 6, nodes: Optional[dict[int, int]] = None):
     from flwr.app import ArrayRecord, ConfigRecord
 
     from fedrcl.flower.strategy import FedrclStrategy
     from fedrcl.server import FedAvg
 
     strategy = FedrclStrategy(FedAvg(), [10 + k for k in range(num_clients)], 3, seed=0)
-    strategy.nodes = {k: 100 + k for k in range(num_clients)}
+    strategy.nodes = nodes or {k: 100 + k for k in range(num_clients)}
     start = {"w": torch.zeros(5)}
     messages = list(strategy.configure_train(1, ArrayRecord.from_torch_state_dict(start), ConfigRecord(), None))
     for i, message in enumerate(messages):
@@ -217,26 +218,50 @@ def _round(num_clients: int = 6):
     return strategy, messages
 
 
-def _reply(message, weights: torch.Tensor, failure: str = ""):
+def _reply(message, weights: dict[int, torch.Tensor], failure: dict[int, str] = {}):
+    """A node's reply: per client of the message, its weights, summed losses and status."""
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-    return Message(RecordDict({"fedrcl.weights": ArrayRecord.from_torch_state_dict({"w": weights}),
-                               "fedrcl.train": MetricRecord({"steps": 2, "loss": 1.5}),
-                               "fedrcl.status": ConfigRecord({"failure": failure})}), reply_to=message)
+    records = {}
+    for k in message.content["fedrcl.round"]["clients"]:
+        records.update({f"fedrcl.{k}.weights": ArrayRecord.from_torch_state_dict({"w": weights[k]}),
+                        f"fedrcl.{k}.upload": ArrayRecord(),
+                        f"fedrcl.{k}.train": MetricRecord({"steps": 2, "loss": 1.5}),
+                        f"fedrcl.{k}.status": ConfigRecord({"failure": failure.get(k, ""), "state_file": ""})})
+    return Message(RecordDict(records), reply_to=message)
 
 
 def test_strategy_samples_with_fedrcl_and_ignores_arrival_order(server_task):
     strategy, messages = _round()
     clients = sample_clients(6, 3, 0, 0)
-    assert [m.content["fedrcl.round"]["client_id"] for m in messages] == clients
+    assert [m.content["fedrcl.round"]["clients"] for m in messages] == [[k] for k in clients]
     assert [m.metadata.dst_node_id for m in messages] == [100 + k for k in clients]
     weights = {k: torch.randn(5, generator=torch.Generator().manual_seed(k)) for k in clients}
-    replies = [_reply(m, weights[k]) for m, k in zip(messages, clients)]
+    replies = [_reply(m, weights) for m in messages]
     arrays, metrics = strategy.aggregate_train(1, list(reversed(replies)))
     n = {k: 10 + k for k in clients}
     expected = (sum(n[k] * weights[k].double() for k in clients) / sum(n.values())).float()
     assert torch.equal(arrays.to_torch_state_dict()["w"], expected)
     assert metrics["train/loss"] == 1.5 * 3 / 6  # summed step losses over all steps
+
+
+def test_one_message_per_node_and_round_with_its_clients_in_sampled_order(server_task):
+    """Two nodes serving 6 clients (even / odd): a round sends one message per node that has sampled
+    clients, the broadcast weights once in it, its clients in the sampled order; the replies fold in the
+    sampled order, so the mean is the one of a message per client."""
+    clients = sample_clients(6, 3, 0, 0)
+    strategy, messages = _round(nodes={k: 200 + k % 2 for k in range(6)})
+    by_node = {node: [k for k in clients if 200 + k % 2 == node] for node in (200, 201)}
+    assert len(messages) == len([c for c in by_node.values() if c])
+    for message in messages:
+        assert message.content["fedrcl.round"]["clients"] == by_node[message.metadata.dst_node_id]
+        assert [name for name in message.content.array_records] == ["fedrcl.sent"]
+    weights = {k: torch.randn(5, generator=torch.Generator().manual_seed(k)) for k in clients}
+    arrays, _ = strategy.aggregate_train(1, [_reply(m, weights) for m in reversed(messages)])
+    one_each, singles = _round()
+    expected, _ = one_each.aggregate_train(1, [_reply(m, weights) for m in singles])
+    assert torch.equal(arrays.to_torch_state_dict()["w"], expected.to_torch_state_dict()["w"])
+    assert strategy.payload["down"] == sum(m.content["fedrcl.sent"].count_bytes() for m in messages)
 
 
 def test_a_failing_or_silent_client_stops_the_round_naming_it(server_task):
@@ -247,13 +272,14 @@ def test_a_failing_or_silent_client_stops_the_round_naming_it(server_task):
 
     strategy, messages = _round()
     clients = sample_clients(6, 3, 0, 0)
-    failed = [_reply(m, torch.ones(5)) for m in messages[:2]]
+    ones = {k: torch.ones(5) for k in clients}
+    failed = [_reply(m, ones) for m in messages[:2]]
     failed.append(Message(Error(0, "out of memory"), reply_to=messages[2]))
-    with pytest.raises(ClientFailure, match=f"client {clients[2]} .*out of memory"):
+    with pytest.raises(ClientFailure, match=rf"clients \[{clients[2]}\]\) failed: out of memory"):
         strategy.aggregate_train(1, failed)
     with pytest.raises(ClientFailure, match=rf"no reply from clients \[{clients[1]}\]"):
-        strategy.aggregate_train(1, [_reply(messages[0], torch.ones(5)), _reply(messages[2], torch.ones(5))])
-    diverged = [_reply(m, torch.ones(5), failure="non-finite loss" if i == 1 else "") for i, m in enumerate(messages)]
+        strategy.aggregate_train(1, [_reply(messages[0], ones), _reply(messages[2], ones)])
+    diverged = [_reply(m, ones, failure={clients[1]: "non-finite loss"}) for m in messages]
     with pytest.raises(DivergenceError, match=f"client {clients[1]} \\(non-finite loss\\)"):
         strategy.aggregate_train(1, diverged)
 
@@ -312,13 +338,13 @@ def test_a_new_clientapp_process_finds_client_state_through_the_servers_manifest
     app = flower_client.make_client_app()
 
     def train(context: Context, round_idx: int, state_file: str = "") -> tuple[dict, str]:
-        task = {"round_idx": round_idx, "client_id": 9, "state_file": state_file, "kept": ""}
+        task = {"round_idx": round_idx, "clients": [9], "state_files": [state_file], "kept": [""]}
         content = RecordDict({"fedrcl.run": ConfigRecord({"args": args}), "fedrcl.round": ConfigRecord(task),
                               "fedrcl.sent": ArrayRecord.from_torch_state_dict(start)})
         message = Message(content, dst_node_id=1, message_type="train")
         message.metadata.__dict__["_message_id"] = f"m{round_idx}"
         reply = app(message, context)
-        return reply.content["fedrcl.weights"].to_torch_state_dict(), reply.content["fedrcl.status"]["state_file"]
+        return reply.content["fedrcl.9.weights"].to_torch_state_dict(), reply.content["fedrcl.9.status"]["state_file"]
 
     def node(run: int) -> Context:
         config = {"partition-id": 9, "num-partitions": 10, "state-dir": str(tmp_path / f"state{run}")}

@@ -7,23 +7,26 @@ arguments, so a node needs no config of its own (``data-root`` in its ``node_con
 data). Messages:
 
 - ``query``: reply which clients this node serves (the server maps each client to its node once).
-- ``train``: content ``fedrcl.round`` (``round_idx``, ``client_id``), ``fedrcl.sent`` (the broadcast
-  weights) and, for methods that send more, ``fedrcl.broadcast`` / ``fedrcl.download`` (the server's
-  ``extra_broadcast``, the algorithm's ``extra_download``: SCAFFOLD's ``c``, FedProc's prototypes); the client
-  client's run (``fedrcl.federated.round.ClientRun``, driven by ``fedrcl.federated.local_update.LocalUpdate``
-  with the engine's (seed, round, client) streams); the reply holds ``fedrcl.weights``, ``fedrcl.upload`` (its
-  ``extra_upload``, e.g. SCAFFOLD's ``delta c_i``; empty for most methods), the summed step losses
-  ``fedrcl.train`` and ``fedrcl.status`` (a non-finite loss or weights, for the server to stop the round
-  with).
+- ``train``: one message per node and round, for all of the node's sampled clients: content
+  ``fedrcl.round`` (``round_idx``; ``clients``, in the sampled order; per client its ``state_files`` and
+  ``kept`` files, below), ``fedrcl.sent`` (the broadcast weights, once) and, for methods that send more,
+  ``fedrcl.<client>.broadcast`` / ``fedrcl.<client>.download`` (the server's ``extra_broadcast``, the
+  algorithm's ``extra_download``: SCAFFOLD's ``c``, FedProc's prototypes). The node runs each client in
+  turn (``fedrcl.federated.round.ClientRun``, driven by ``fedrcl.federated.local_update.LocalUpdate`` with
+  the engine's (seed, round, client) streams) and replies with, per client, ``fedrcl.<client>.weights``,
+  ``fedrcl.<client>.upload`` (its ``extra_upload``, e.g. SCAFFOLD's ``delta c_i``; empty for most methods),
+  the summed step losses ``fedrcl.<client>.train`` and ``fedrcl.<client>.status`` (a non-finite loss or
+  weights, for the server to stop the round with). A deployed SuperNode starts one ClientApp process per
+  message, so one per round.
 
 The module, data and optimizer are built once per process and run (``_local_update``), never per client.
 Per-client state (MOON's previous model, SCAFFOLD's ``c_i``, FedDyn's dual) stays on the node: the
 algorithm's ``ClientStateStore`` writes its files under the node's ``state-dir`` (default: a folder of the
 Flower run and the fedrcl arguments under the system's temp folder; set it to a lasting folder for runs
 resumed after a restart). The server is told which file is each client's current one (``state_file`` in
-the reply's ``fedrcl.status``) and keeps that manifest in its checkpoints, as ``fedrcl fit`` does; each
-``train`` message names the client's current file (``fedrcl.round``'s ``state_file``, empty: none) and the
-one the server's newest checkpoint refers to (``kept``, never deleted by the node). So a new ClientApp
+the reply's ``fedrcl.<client>.status``) and keeps that manifest in its checkpoints, as ``fedrcl fit`` does;
+each ``train`` message names its clients' current files (``fedrcl.round``'s ``state_files``, empty: none)
+and the ones the server's newest checkpoint refers to (``kept``, never deleted by the node). So a new ClientApp
 process (a SuperNode starts one per message) reads the right file, and a run resumed from a checkpoint,
 on Flower or with ``fedrcl fit`` on the same machine, reads the files as of that checkpoint.
 """
@@ -52,9 +55,16 @@ def served_clients(node_config: dict, num_clients: int) -> list[int]:
     return list(range(part, num_clients, parts))
 
 
+def _as_list(value: object) -> list:
+    """A list value of a ``ConfigRecord`` (typed there as any of its value types)."""
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list in the message, got {type(value).__name__}")
+    return value
+
+
 def node_args(message: Message, context: Context) -> list[str]:
     """The server's fedrcl arguments (sent in every message), with the node's own ``data-root`` if set."""
-    args = [str(a) for a in message.content["fedrcl.run"]["args"]]
+    args = [str(a) for a in _as_list(message.content.config_records["fedrcl.run"]["args"])]
     if "data-root" in context.node_config:
         args += ["--data.root", str(context.node_config["data-root"])]
     return args
@@ -81,35 +91,40 @@ def make_client_app() -> ClientApp:
     def query(message: Message, context: Context) -> Message:
         update = _local_update(context, node_args(message, context))
         clients = served_clients(context.node_config, update.datamodule.num_clients)
-        return Message(RecordDict({"fedrcl.clients": ConfigRecord({"clients": clients})}), reply_to=message)
+        return Message(RecordDict({"fedrcl.clients": ConfigRecord({"clients": list(clients)})}), reply_to=message)
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
-        args = node_args(message, context)
-        update = _local_update(context, args)
-        task = message.content["fedrcl.round"]
-        round_idx, client_id = int(task["round_idx"]), int(task["client_id"])
-        if client_id not in served_clients(context.node_config, update.datamodule.num_clients):
-            raise ValueError(f"client {client_id} is not served by this node ({dict(context.node_config)})")
+        update = _local_update(context, node_args(message, context))
+        task = message.content.config_records["fedrcl.round"]
+        round_idx, clients = int(str(task["round_idx"])), [int(k) for k in _as_list(task["clients"])]
+        served = served_clients(context.node_config, update.datamodule.num_clients)
+        foreign = [k for k in clients if k not in served]
+        if foreign:
+            raise ValueError(f"clients {foreign} are not served by this node ({dict(context.node_config)})")
         store = getattr(update.module, "store", None)
         store = store if isinstance(store, ClientStateStore) else None
-        if store is not None:  # the server's manifest: this client's current file, and the checkpointed one
-            current = str(task.get("state_file", "")) or None
-            if current != (None if store.file(client_id) is None else str(store.file(client_id))):
-                store.adopt({client_id: current})
-            store.keep([str(task["kept"])] if task.get("kept") else [])
-        extras = {name: message.content[f"fedrcl.{name}"].to_torch_state_dict()
-                  for name in ("broadcast", "download") if f"fedrcl.{name}" in message.content}
-        downlink = Downlink(message.content["fedrcl.sent"].to_torch_state_dict(), extras)
-        result = update.run(round_idx, client_id, downlink)
-        written = store.file(client_id) if store is not None else None
-        content = RecordDict({
-            "fedrcl.weights": ArrayRecord.from_torch_state_dict(result.weights),
-            "fedrcl.upload": ArrayRecord.from_torch_state_dict(result.upload),
-            "fedrcl.train": MetricRecord({"client_id": client_id, "steps": result.steps, **result.loss_sums}),
-            "fedrcl.status": ConfigRecord({"failure": result.failure or "",
-                                           "state_file": "" if written is None else str(written)}),
-        })
-        return Message(content, reply_to=message)
+        if store is not None:  # the server's manifest: each client's current file, and the checkpointed ones
+            for client_id, current in zip(clients, _as_list(task["state_files"])):
+                now = store.file(client_id)
+                if (str(current) or None) != (None if now is None else str(now)):
+                    store.adopt({client_id: str(current) or None})
+            store.keep([str(kept) for kept in _as_list(task["kept"]) if kept])
+        arrays = message.content.array_records
+        sent = arrays["fedrcl.sent"].to_torch_state_dict()
+        replies: dict[str, ArrayRecord | MetricRecord | ConfigRecord] = {}
+        for client_id in clients:  # the sampled order
+            extras = {name: arrays[f"fedrcl.{client_id}.{name}"].to_torch_state_dict()
+                      for name in ("broadcast", "download") if f"fedrcl.{client_id}.{name}" in arrays}
+            result = update.run(round_idx, client_id, Downlink(sent, extras))
+            written = store.file(client_id) if store is not None else None
+            replies.update({
+                f"fedrcl.{client_id}.weights": ArrayRecord.from_torch_state_dict(dict(result.weights)),
+                f"fedrcl.{client_id}.upload": ArrayRecord.from_torch_state_dict(dict(result.upload)),
+                f"fedrcl.{client_id}.train": MetricRecord({"steps": result.steps, **result.loss_sums}),
+                f"fedrcl.{client_id}.status": ConfigRecord({"failure": result.failure or "",
+                                                           "state_file": "" if written is None else str(written)}),
+            })
+        return Message(RecordDict(replies), reply_to=message)
 
     return app

@@ -125,39 +125,43 @@ class FedrclStrategy(Strategy):
         self.ledger.start_round(round_idx)
         self.round = ServerRound(self.server, self.algorithm, round_idx, arrays.to_torch_state_dict(), self.ledger)
         self._clients = sample_clients(len(self.num_samples), self.clients_per_round, self.seed, round_idx)
-        self._messages = []
         self.payload = {"down": 0, "up": 0}
-        for client in self._clients:
+        by_node: dict[int, list[int]] = {}
+        for client in self._clients:  # each node's clients, in the sampled order
             context = self.round.context(client, self.num_samples[client], 0, self.seed)  # steps: the node's
-            downlink = self.round.downlink(context)
-            self._down[client] = context, downlink
-            records = {"fedrcl.sent": ArrayRecord.from_torch_state_dict(dict(downlink.sent))}
-            for name, tensors in downlink.extras.items():
-                records[f"fedrcl.{name}"] = ArrayRecord.from_torch_state_dict(dict(tensors))
+            self._down[client] = context, self.round.downlink(context)
+            by_node.setdefault(self.nodes[client], []).append(client)
+        self._messages: list[tuple[Message, list[int]]] = []  # each message and its node's clients
+
+        for node, clients in by_node.items():
+            records = {"fedrcl.sent": ArrayRecord.from_torch_state_dict(dict(self.round.sent))}  # once per node
+            for client in clients:
+                for name, tensors in self._down[client][1].extras.items():
+                    records[f"fedrcl.{client}.{name}"] = ArrayRecord.from_torch_state_dict(dict(tensors))
             self.payload["down"] += sum(record.count_bytes() for record in records.values())
-            task = {"round_idx": round_idx, "client_id": client}
+            task: dict[str, Any] = {"round_idx": round_idx, "clients": clients}
             if self.store is not None:
-                current = self.store.file(client)
-                task.update(state_file="" if current is None else str(current), kept=self.kept.get(client, ""))
-            content = RecordDict({**records, "fedrcl.run": self._run_record(),
-                                  "fedrcl.round": ConfigRecord(task)})
-            self._messages.append(Message(content, dst_node_id=self.nodes[client], message_type="train",
-                                          group_id=str(server_round)))
-        return self._messages
+                files = [self.store.file(client) for client in clients]
+                task.update(state_files=["" if f is None else str(f) for f in files],
+                            kept=[self.kept.get(client, "") for client in clients])
+            content = RecordDict({**records, "fedrcl.run": self._run_record(), "fedrcl.round": ConfigRecord(task)})
+            message = Message(content, dst_node_id=node, message_type="train", group_id=str(server_round))
+            self._messages.append((message, clients))
+        return [message for message, _ in self._messages]
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         round_idx = self.round_idx(server_round)
-        by_message = {m.metadata.message_id: k for m, k in zip(self._messages, self._clients)}
-        received: dict[int, Message] = {}
+        by_message = {m.metadata.message_id: clients for m, clients in self._messages}  # ids set when sent
+        received: dict[int, RecordDict] = {}
         for reply in replies:
-            client = by_message.get(reply.metadata.reply_to_message_id)
-            if client is None:
+            clients = by_message.get(reply.metadata.reply_to_message_id)
+            if clients is None:
                 continue  # a late reply to an earlier round
             if reply.has_error():
-                raise ClientFailure(f"round {round_idx + 1}: client {client} (node {reply.metadata.src_node_id}) "
+                raise ClientFailure(f"round {round_idx + 1}: node {reply.metadata.src_node_id} (clients {clients}) "
                                     f"failed: {reply.error.reason}. The round is not aggregated.")
-            received[client] = reply
+            received.update({client: reply.content for client in clients})
         missing = [k for k in self._clients if k not in received]
         if missing:
             raise ClientFailure(f"round {round_idx + 1}: no reply from clients {missing} within the timeout "
@@ -167,22 +171,22 @@ class FedrclStrategy(Strategy):
         sums: dict[str, float] = {}
         steps = 0
         for client in self._clients:  # the sampled order
-            reply = received[client]
-            record = reply.content["fedrcl.weights"]
-            uploaded = reply.content["fedrcl.upload"] if "fedrcl.upload" in reply.content else ArrayRecord()
+            content, prefix = received[client], f"fedrcl.{client}."
+            arrays, configs = content.array_records, content.config_records
+            record, uploaded = arrays[prefix + "weights"], arrays[prefix + "upload"]
             self.payload["up"] += record.count_bytes() + uploaded.count_bytes()
-            status = reply.content["fedrcl.status"]
-            if self.store is not None and status.get("state_file"):
+            status = configs[prefix + "status"]
+            if self.store is not None and status["state_file"]:
                 self.store.adopt({client: str(status["state_file"])})
             context, downlink = self._down[client]
             result = ClientResult(record.to_torch_state_dict(), uploaded.to_torch_state_dict(),
                                   str(status["failure"]) or None)
             self.round.add(context, result, downlink)
-            metrics = reply.content["fedrcl.train"]
-            steps += int(metrics["steps"])
+            metrics = content.metric_records[prefix + "train"]
+            steps += int(metrics["steps"])  # type: ignore[arg-type]  # a MetricRecord value: a number here
             for key, value in metrics.items():
-                if key not in ("client_id", "steps"):
-                    sums[key] = sums.get(key, 0.0) + float(value)
+                if key != "steps":
+                    sums[key] = sums.get(key, 0.0) + float(value)  # type: ignore[arg-type]
         with self.ledger.timed("aggregation"):
             new_global = self.round.finish()
         self.round = None
