@@ -88,8 +88,8 @@ def report_user_error(error: BaseException, prog: str = "fedrcl", argv: Sequence
     elif data is not None and isinstance(error, data.DataUnavailableError):
         message = str(error)
     elif disk is not None:
-        where = f"{disk.filename}: " if disk.filename else ""
-        message = f"cannot write {where}{disk.strerror or os.strerror(disk.errno)}"
+        where = f"{disk.filename}: " if disk.filename else ""  # as the shell says it (also a read refused)
+        message = f"{where}{disk.strerror or os.strerror(disk.errno)}"
     else:
         return False
     print(f"{prog}: error: {message}\n(FEDRCL_DEBUG=1 shows where it was raised)", file=sys.stderr, flush=True)

@@ -229,3 +229,26 @@ def test_a_run_stopped_early_says_why_in_one_line(data_root, tmp_path, capsys, a
     assert cli.trainer.current_epoch == 1
     line = next(line for line in capsys.readouterr().err.splitlines() if "stopped early" in line)
     assert line.startswith(f"fedrcl: stopped early after round 1/3: {reason}"), line
+
+
+def test_a_terminals_bar_shows_elapsed_and_time_left(data_root, tmp_path, monkeypatch):
+    """On a terminal the bar's label carries what the log line does: the round, the elapsed time and the time
+    left (before round 1 ends nothing is known: ``left ?``), then the same closing summary."""
+    import io
+    import re
+    import sys
+
+    from fedrcl.federated.progress import RoundProgressBar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    monkeypatch.setattr(sys, "stdout", Terminal())  # where Lightning's tqdm draws
+    cli = run_cli(data_root, tmp_path, "--trainer.enable_progress_bar", "true", rounds=2)
+    bar = sys.stdout.getvalue()
+    assert isinstance(cli.trainer.progress_bar_callback, RoundProgressBar)
+    assert "Round 1/2 (elapsed 0:00, left ?)" in bar
+    assert re.search(r"Round 2/2 \(elapsed \d+:\d\d, left \d+:\d\d\)", bar), bar[-2000:]
+    assert "fedrcl: 2/2 rounds in " in sys.stderr.getvalue()

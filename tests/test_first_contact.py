@@ -72,9 +72,11 @@ class _Terminal(io.StringIO):
 def test_a_terminal_gets_the_round_bar(monkeypatch):
     from fedrcl.federated.progress import RoundLines, RoundProgressBar, round_progress
 
-    monkeypatch.setattr(sys, "stderr", _Terminal())
-    assert isinstance(round_progress(), RoundProgressBar)
+    monkeypatch.setattr(sys, "stdout", _Terminal())  # where Lightning's tqdm draws the bar
     monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert isinstance(round_progress(), RoundProgressBar)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # `fedrcl fit > log`: lines, not redraws
+    monkeypatch.setattr(sys, "stderr", _Terminal())
     assert isinstance(round_progress(), RoundLines)
 
 

@@ -1,8 +1,8 @@
 """Progress of a federated run: a bar per round on a terminal, one line per round in a log file or pipe, and
 a closing summary.
 
-``round_progress()`` picks the one that fits ``sys.stderr`` (where tqdm draws): a redrawn bar is what a
-terminal wants, but in a log file every redraw is a new line (498 KB for the 60-round quickstart). With
+``round_progress()`` picks the one that fits ``sys.stdout`` (where Lightning's tqdm draws the bar; the lines go to
+``sys.stderr``): a redrawn bar is what a terminal wants, but in a log file every redraw is a new line (498 KB for the 60-round quickstart). With
 ``--trainer.enable_progress_bar false`` a run still prints its line per round (``RoundLog``), unless its
 logger is off too (``--trainer.logger false``). Each shows the rounds done of the run's total, the time this
 fit has run and an estimate of the time left (``RunClock``: the mean round of this fit so far, read once per
@@ -32,8 +32,8 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 from torchmetrics import Metric
 
-__all__ = ["RoundProgressBar", "RoundLines", "RoundLog", "RunClock", "WeightsSummary", "round_progress",
-           "run_summary", "quiet_lightning"]
+__all__ = ["RoundProgressBar", "RoundLines", "RoundLog", "RoundReport", "RunClock", "WeightsSummary",
+           "round_progress", "run_summary", "stop_reason", "quiet_lightning"]
 summary_log = logging.getLogger("lightning.pytorch.callbacks.model_summary")  # where Lightning's summary goes
 
 
@@ -101,12 +101,14 @@ def stop_reason(trainer: L.Trainer) -> Optional[str]:
 
 
 def run_summary(trainer: L.Trainer, clock: RunClock) -> str:
-    """The lines a fit ends with::
+    """The lines a fit ends with, for example::
 
         fedrcl: stopped early after round 3/60: EarlyStopping: Monitored metric val/acc did not improve ...
         fedrcl: 3/60 rounds in 0:04; val/acc 0.9306, val/acc_ema 0.8812
           run folder: runs/quickstart/version_0
           checkpoint: runs/quickstart/version_0/checkpoints/last.ckpt
+
+    The first only when the fit trained fewer rounds than ``trainer.rounds`` (``stop_reason``).
     """
     done, lines = trainer.current_epoch, []
     reason = stop_reason(trainer)
@@ -124,8 +126,9 @@ def run_summary(trainer: L.Trainer, clock: RunClock) -> str:
     return "\n".join(lines)
 
 
-class _RoundReport:
-    """What the three progress callbacks share: the run's clock, its per-round line and its summary."""
+class RoundReport:
+    """What the three progress callbacks share: the run's clock, started with training, and the summary the
+    fit ends with (on rank 0)."""
 
     clock: RunClock
 
@@ -137,7 +140,7 @@ class _RoundReport:
             print(run_summary(trainer, self.clock), file=sys.stderr, flush=True)
 
 
-class RoundProgressBar(_RoundReport, TQDMProgressBar):
+class RoundProgressBar(RoundReport, TQDMProgressBar):
     """Lightning's progress bar, labelled by round (and never by Lightning's 0-based epoch), with the run's
     elapsed time and time left."""
 
@@ -147,7 +150,7 @@ class RoundProgressBar(_RoundReport, TQDMProgressBar):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         TQDMProgressBar.on_train_start(self, trainer, pl_module)
-        _RoundReport.on_train_start(self, trainer, pl_module)
+        RoundReport.on_train_start(self, trainer, pl_module)
 
     def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
         if self._leave:
@@ -159,7 +162,7 @@ class RoundProgressBar(_RoundReport, TQDMProgressBar):
         bar.reset(total=convert_inf(self.total_train_batches))
 
 
-class RoundLines(_RoundReport, ProgressBar):
+class RoundLines(RoundReport, ProgressBar):
     """One line per round on stderr, after the round's evaluation::
 
         Round 12/60  val/acc 0.9306  val/acc_ema 0.8812  (0.41 s; elapsed 0:05, left 0:20)
@@ -192,7 +195,7 @@ class RoundLines(_RoundReport, ProgressBar):
             super().on_fit_end(trainer, pl_module)
 
 
-class RoundLog(_RoundReport, L.Callback):
+class RoundLog(RoundReport, L.Callback):
     """``RoundLines`` for a run without a progress bar (Lightning refuses a ``ProgressBar`` callback then)."""
 
     def __init__(self) -> None:
@@ -208,11 +211,11 @@ class RoundLog(_RoundReport, L.Callback):
 
 
 def round_progress(enable_progress_bar: Optional[bool] = True, logger: Any = None) -> Optional[L.Callback]:
-    """A ``RoundProgressBar`` when stderr is a terminal, else ``RoundLines``; without a progress bar,
-    ``RoundLog`` (``None`` if the logger is off too)."""
+    """A ``RoundProgressBar`` when stdout (where it draws) is a terminal, else ``RoundLines``; without a progress
+    bar, ``RoundLog`` (``None`` if the logger is off too)."""
     if enable_progress_bar is False:
         return None if logger is False else RoundLog()
-    isatty = getattr(sys.stderr, "isatty", None)
+    isatty = getattr(sys.stdout, "isatty", None)
     return RoundProgressBar() if isatty is not None and isatty() else RoundLines()
 
 
