@@ -69,8 +69,8 @@ def with_typed_key(error: BaseException, argv: Sequence[str]) -> str:
     A constructor names its own argument (``model.lr``, ``conv_padding``); the user typed
     ``--model.init_args.lr -0.1``. The argument is one of the raising ``__init__``'s parameters named in the
     message whose typed key ends in it with the value it received. A dotted name in the message becomes the
-    typed key; a bare one gets ``--key value:`` in front. Unchanged when no typed key matches (a value from a
-    config file)."""
+    typed key; a bare one gets ``--key value:`` in front. When no typed key matches (a value from a config
+    file), ``model.<arg>`` becomes ``model.init_args.<arg>``, where a config holds a method's arguments."""
     import yaml
 
     message, tb = str(error), error.__traceback__
@@ -80,6 +80,8 @@ def with_typed_key(error: BaseException, argv: Sequence[str]) -> str:
         return message
     code, values = tb.tb_frame.f_code, tb.tb_frame.f_locals
     params = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
+    if not params:
+        return message
     for name in params:
         mentioned = re.search(rf"(?<![\w.])((?:\w+\.)*){re.escape(name)}\b", message)
         if not mentioned:
@@ -93,4 +95,4 @@ def with_typed_key(error: BaseException, argv: Sequence[str]) -> str:
                 if mentioned.group(1):
                     return message[:mentioned.start()] + key + message[mentioned.end():]
                 return f"--{key} {value}: {message}"
-    return message
+    return re.sub(rf"(?<![\w.])model\.({'|'.join(map(re.escape, params))})\b", r"model.init_args.\1", message)

@@ -240,6 +240,16 @@ def test_a_bad_config_file_is_named_in_one_line(data_root, tmp_path, content, me
         assert str(bad) in err
 
 
+def test_a_refused_value_from_a_config_file_names_its_key(data_root, tmp_path):
+    """Not typed on the command line: the key is the config's (``model.init_args.lr``), not the constructor's
+    own name for it (``model.lr``)."""
+    config = tmp_path / "lr.yaml"
+    config.write_text("model:\n  init_args:\n    lr: -0.5\n")
+    code, err = fedrcl(data_root, tmp_path / "runs", "--config", str(config))
+    assert code == 1
+    assert_short(err, "fedrcl: error: model.init_args.lr must be > 0, got -0.5")
+
+
 def test_a_read_only_save_folder_is_one_line(data_root, tmp_path, monkeypatch):
     """The logger's first folder cannot be made (a read-only file system, as on a mounted dataset volume)."""
     import errno
