@@ -46,7 +46,7 @@ napoleon_use_ivar = True  # a dataclass's "Attributes:" and its fields are one e
 nitpick_ignore_regex = [(r"py:.*", r"(torch|lightning|torchmetrics|numpy|np|nn|L|jsonargparse|yaml|"
                                    r"matplotlib|safetensors|collections|typing|pathlib|argparse|datetime|F|flwr)\..*"),
                         (r"py:.*", r"(Tensor|Path|Namespace|Any|Optional|Callable|Mapping|Sequence|Iterable|"
-                                   r"Iterator|Counter|Union|Module|Figure|Axes|ndarray|State|Backbone|Partition|Mode)")]
+                                   r"Iterator|Counter|Union|Module|Figure|Axes|ndarray|State|Backbone|Partition|Mode|Tensors|Reduce)")]
 
 html_theme = "furo"
 html_title = "fedrcl"

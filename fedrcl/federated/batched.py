@@ -30,7 +30,7 @@ from fedrcl.federated.plan import RoundPlan
 from fedrcl.federated.round import ClientResult, ClientRun
 
 if TYPE_CHECKING:
-    from fedrcl.algorithms.fedavg import FedAvg
+    import fedrcl.algorithms.fedavg
 
 Mode = Literal["auto", "on", "off"]
 # torch.compile backend of the batched step; tests set a cheap one ("aot_eager") to run it on the CPU.
@@ -40,7 +40,7 @@ COMPILE_BACKEND = "inductor"
 class _LocalLoss(nn.Module):
     """``algorithm.local_loss`` as a module call, so that ``functional_call`` can swap the weights it sees."""
 
-    def __init__(self, algorithm: FedAvg):
+    def __init__(self, algorithm: fedrcl.algorithms.fedavg.FedAvg):
         super().__init__()
         self.algorithm = algorithm
 
@@ -99,8 +99,8 @@ class ClientBatching:
             rank_zero_info(f"trainer.client_batching: clients trained one after another: {reason}")
         return False
 
-    def losses(self, pl_module: FedAvg, params: dict[str, Tensor], client_tensors: dict[str, Tensor],
-               x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def losses(self, pl_module: fedrcl.algorithms.fedavg.FedAvg, params: dict[str, Tensor],
+               client_tensors: dict[str, Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weight slices (``[k]``).
 
         Under Lightning's mixed precision (``bf16-mixed``, ``16-mixed``) the weights and images enter the

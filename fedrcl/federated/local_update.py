@@ -27,7 +27,7 @@ from fedrcl.federated.round import ClientResult, ClientRun, Downlink
 from fedrcl.federated.weights import snapshot
 
 if TYPE_CHECKING:
-    from fedrcl.algorithms.fedavg import FedAvg
+    import fedrcl.algorithms.fedavg
     from fedrcl.data.datamodule import FederatedDataModule
     from fedrcl.federated.trainer import FederatedTrainer
 
@@ -63,7 +63,8 @@ class LocalUpdate:
         datamodule: the federated data (set up here if it is not yet).
     """
 
-    def __init__(self, trainer: FederatedTrainer, module: FedAvg, datamodule: FederatedDataModule):
+    def __init__(self, trainer: FederatedTrainer, module: fedrcl.algorithms.fedavg.FedAvg,
+                 datamodule: FederatedDataModule):
         self.trainer, self.module, self.datamodule = trainer, module, datamodule
         attach(trainer, module, datamodule)
         self.federation = trainer.federation

@@ -38,7 +38,7 @@ from fedrcl.federated.exchange import Reduce, Tensors
 from fedrcl.federated.weights import load_state_
 
 if TYPE_CHECKING:  # the round imports neither Lightning nor the algorithms at run time
-    from fedrcl.algorithms.fedavg import FedAvg
+    import fedrcl.algorithms.fedavg
     from fedrcl.server.base import ServerOptimizer
 
 HINT = ("Lower model.init_args.lr or set model.init_args.grad_clip_norm; --ckpt_path last resumes from the last "
@@ -76,7 +76,7 @@ class ServerRound:
         vote: whether any process has a failed client, given this one's answer (``None``: one process).
     """
 
-    def __init__(self, server: ServerOptimizer, algorithm: FedAvg, round_idx: int,
+    def __init__(self, server: ServerOptimizer, algorithm: fedrcl.algorithms.fedavg.FedAvg, round_idx: int,
                  global_state: Mapping[str, Tensor], ledger: Optional[RoundLedger] = None, reduce: Reduce = None,
                  vote: Optional[Callable[[bool], bool]] = None):
         self.server, self.algorithm, self.round_idx = server, algorithm, round_idx
@@ -136,7 +136,7 @@ class ClientRun:
         downlink: what the client received.
     """
 
-    def __init__(self, algorithm: FedAvg, client: ClientContext, downlink: Downlink):
+    def __init__(self, algorithm: fedrcl.algorithms.fedavg.FedAvg, client: ClientContext, downlink: Downlink):
         self.algorithm, self.client, self.downlink = algorithm, client, downlink
 
     def start(self) -> None:

@@ -17,7 +17,6 @@ floating-point entry (parameters; a backbone with float buffers would also shift
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from torch import Tensor
 
