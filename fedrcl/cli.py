@@ -89,6 +89,7 @@ def report_user_error(error: BaseException, prog: str = "fedrcl", argv: Sequence
         message = str(error)
     elif disk is not None:
         where = f"{disk.filename}: " if disk.filename else ""  # as the shell says it (also a read refused)
+        assert disk.errno is not None  # disk_error matched it by its errno
         message = f"{where}{disk.strerror or os.strerror(disk.errno)}"
     else:
         return False

@@ -44,10 +44,11 @@ def disk_error(error: Optional[BaseException]) -> Optional[OSError]:
 def fedrcl_error(error: BaseException) -> Optional[BaseException]:
     """The fedrcl error (``user_error``) that ``error`` is or was raised from (``raise ... from``): jsonargparse
     wraps what a constructor refuses (``--model.init_args.lr -0.1``) in a ``ValueError`` of its own."""
-    while error is not None:
-        if user_error(error):
-            return error
-        error = error.__cause__
+    current: Optional[BaseException] = error
+    while current is not None:
+        if user_error(current):
+            return current
+        current = current.__cause__
     return None
 
 

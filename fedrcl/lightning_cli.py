@@ -19,7 +19,7 @@ import textwrap
 from functools import lru_cache
 from importlib import import_module
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import lightning
 import torch
@@ -131,7 +131,7 @@ class FedRCLParser(LightningArgumentParser):
                                             sub_configs=True, skip=set(OWNED_BY_ROUNDS))
         return super().add_lightning_class_args(lightning_class, nested_key, subclass_mode, required)
 
-    def error(self, message: str, ex: Optional[Exception] = None) -> None:
+    def error(self, message: str, ex: Optional[Exception] = None) -> NoReturn:
         """``fedrcl fit: error: <message>`` and where the options are listed; exit status 2 (argparse's).
         ``FEDRCL_DEBUG=1``: jsonargparse's own report."""
         if os.environ.get("FEDRCL_DEBUG") == "1" or not self.exit_on_error:
@@ -165,9 +165,10 @@ class FedRCLCLI(LightningCLI):
                      subparser_kwargs: dict[str, Any]) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         if add_subcommands:  # listed in --help; main() runs them before LightningCLI is built
+            parser = self.parser
+            assert isinstance(parser, FedRCLParser)  # fedrcl's parser_class, which keeps subcommands_action
             for name, (_, text) in OTHER_SUBCOMMANDS.items():
-                self.parser.subcommands_action.add_subcommand(name, ArgumentParser(description=text),
-                                                              help=text)
+                parser.subcommands_action.add_subcommand(name, ArgumentParser(description=text), help=text)
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -200,7 +201,8 @@ class FedRCLCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         # Which run folders exist before this start writes anything (``remove_failed_start``).
-        folders = [Path(logger.log_dir) for logger in self.trainer.loggers if getattr(logger, "log_dir", None)]
+        folders = [Path(log_dir) for logger in self.trainer.loggers
+                   if (log_dir := getattr(logger, "log_dir", None))]
         self._run_folders = [(p, p.exists()) for p in folders]
         self._run_parents = [(p.parent, p.parent.exists()) for p in folders]
 
@@ -262,8 +264,8 @@ def build_cli(args: list[str] | None = None, cli: Optional[FedRCLCLI] = None, ru
     made by ``FedRCLCLI.__new__``, if given). ``run=False``: ``args`` without a subcommand, the model, data
     and trainer built and not run."""
     cli = cli if cli is not None else FedRCLCLI.__new__(FedRCLCLI)
-    cli.__init__(FedAvg, FederatedDataModule, trainer_class=FederatedTrainer, subclass_mode_model=True,
-                 parser_class=FedRCLParser, seed_everything_default=0,
-                 parser_kwargs={"prog": "fedrcl", "description": DESCRIPTION},
-                 save_config_kwargs={"overwrite": True}, args=args, run=run)
+    type(cli).__init__(cli, FedAvg, FederatedDataModule, trainer_class=FederatedTrainer,
+                       subclass_mode_model=True, parser_class=FedRCLParser, seed_everything_default=0,
+                       parser_kwargs={"prog": "fedrcl", "description": DESCRIPTION},
+                       save_config_kwargs={"overwrite": True}, args=args, run=run)
     return cli

@@ -72,13 +72,14 @@ def curve_groups(specs: Sequence[str], tags: Sequence[str] = ("val/acc", EMA_TAG
             if len(experiments) > 1:
                 raise ValueError(f"{spec}: {path} holds runs of {len(experiments)} experiments (they differ in more "
                                  f"than seeds); give each its own LABEL=PATH, or {path} alone to label them by method")
+            curve_sets: list[list[Mapping[str, Curve]]]
             if not experiments and not found:  # event files without a saved config
-                experiments = [[load_scalars(run) for run in seed_runs(path)]]
+                curve_sets = [[load_scalars(run) for run in seed_runs(path)]]
             else:
-                experiments = [[r.curves for r in group] for group in experiments]
-            if not experiments or any(tag not in curves for curves in experiments[0] for tag in tags):
+                curve_sets = [[r.curves for r in group] for group in experiments]
+            if not curve_sets or any(tag not in curves for curves in curve_sets[0] for tag in tags):
                 raise ValueError(f"{spec}: no run under {path} logged all of {', '.join(tags)}")
-            groups[label] = experiments[0]
+            groups[label] = curve_sets[0]
             continue
         if not runs:
             raise ValueError(f"{spec}: no runs with {', '.join(tags)} under {path} (run folders with config.yaml "

@@ -186,11 +186,12 @@ def run_setting(config: dict[str, Any]) -> dict[str, Any]:
 
 def _lookup(config: dict[str, Any], key: str) -> Any:
     """The value at a dotted ``key`` (``trainer.seed``) of a nested config; ``None`` where it is absent."""
+    node: Any = config
     for part in key.split("."):
-        if not isinstance(config, dict):
+        if not isinstance(node, dict):
             return None
-        config = config.get(part)
-    return config
+        node = node.get(part)
+    return node
 
 
 def experiment_key(config: dict[str, Any]) -> str:
@@ -199,7 +200,7 @@ def experiment_key(config: dict[str, Any]) -> str:
     kept = copy.deepcopy(config)
     for key in SEED_KEYS + EXPERIMENT_IGNORES:
         *parents, leaf = key.split(".")
-        node = kept
+        node: Any = kept
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict):
@@ -322,9 +323,12 @@ def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_S
 
 
 def _seed_cells(group: Sequence[RunResult], tag: str) -> list[str]:
-    curves = [r.curves.get(tag) for r in group]
-    if any(c is None or not len(c[0]) for c in curves):
-        return ["", ""]
+    curves: list[Curve] = []
+    for r in group:
+        curve = r.curves.get(tag)
+        if curve is None or not len(curve[0]):
+            return ["", ""]
+        curves.append(curve)
     common, values = align(curves)
     if not len(common):
         return ["", ""]
@@ -381,8 +385,7 @@ def _assign(tables: list[dict[str, Any]], runs: list[RunResult]) -> dict[tuple, 
 def _our_cell(group: Sequence[RunResult], round_idx: int, theirs: Optional[float]) -> str:
     """``value`` (one run) or ``mean ± std (n=k)`` over seeds, ``*`` if a run stopped earlier, and the
     difference to the paper's number."""
-    points = [run.ema_at(round_idx) for run in group]
-    points = [p for p in points if p is not None]
+    points = [p for p in (run.ema_at(round_idx) for run in group) if p is not None]
     if not points:
         return ""
     summary = summarize_seeds([value for value, _ in points])

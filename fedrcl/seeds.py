@@ -136,6 +136,7 @@ def _run_in_process(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
             stop.signum = stop.signum or stop_signal(getattr(cli, "trainer", None))  # came in its last round
         except Preempted as preempted:
             outcome.stopped, outcome.not_started = [seed], seeds[i + 1:]
+            assert isinstance(preempted.code, int)  # 128 + the signal
             outcome.signum = preempted.code - 128
             outcome.where = f" (seed {seed} after round {preempted.round}/{preempted.rounds}, checkpoint " \
                             f"{preempted.checkpoint})"
@@ -157,10 +158,13 @@ def _run_processes(runs: dict[int, list[str]], parallel: int, log_dir: Path, sto
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // parallel)))
     log_dir.mkdir(parents=True, exist_ok=True)
-    pending, running, outcome, passed_on = list(runs.items()), {}, Outcome(), False
+    pending, outcome = list(runs.items()), Outcome()
+    running: dict[int, tuple[subprocess.Popen[bytes], io.TextIOWrapper]] = {}
+    passed_on: Optional[int] = None  # the stop signal passed on to the running fits
     while pending or running:
-        if stop.signum is not None and not passed_on:
-            outcome.signum, outcome.not_started, pending, passed_on = stop.signum, [s for s, _ in pending], [], True
+        if stop.signum is not None and passed_on is None:
+            outcome.signum, outcome.not_started, pending = stop.signum, [s for s, _ in pending], []
+            passed_on = stop.signum
             for proc, _ in running.values():
                 proc.send_signal(stop.signum)
         while pending and len(running) < parallel:
@@ -175,7 +179,7 @@ def _run_processes(runs: dict[int, list[str]], parallel: int, log_dir: Path, sto
                 log.close()
                 del running[seed]
                 print(f"fedrcl seeds: seed {seed} finished with exit status {proc.returncode}", flush=True)
-                if passed_on and proc.returncode == 128 + outcome.signum:
+                if passed_on is not None and proc.returncode == 128 + passed_on:
                     outcome.stopped.append(seed)
                 elif proc.returncode != 0:
                     outcome.failed.append(seed)

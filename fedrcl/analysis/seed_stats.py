@@ -55,7 +55,7 @@ class SeedSummary:
         return f"{scale * self.mean:.{digits}f} ± {scale * self.std:.{digits}f}"
 
 
-def summarize_seeds(values: Sequence[float]) -> SeedSummary:
+def summarize_seeds(values: Sequence[float] | np.ndarray) -> SeedSummary:
     """Mean, sample std (ddof 1), n and 95% t-interval half-width of one number measured under seeds."""
     x = np.asarray(values, dtype=np.float64)
     if x.ndim != 1 or len(x) == 0:

@@ -247,11 +247,12 @@ def resume_path(trainer: L.Trainer, model: L.LightningModule, datamodule: Any, c
     loaded: a local file that is missing or unreadable (``check_readable``), another configuration's
     (``check_configuration``) or one with more rounds than ``trainer.rounds`` (``check_rounds``) raises,
     naming it. ``fedrcl fit``'s and a Flower run's resume both go through here."""
-    allow = trainer.federation.allow_changes
+    allow = trainer.federation.allow_changes  # type: ignore[attr-defined]  # a FederatedTrainer
     fingerprint = run_fingerprint(trainer, model, datamodule)
     path = find_resumable(trainer, fingerprint, allow) if ckpt_path == "last" else ckpt_path
     check_readable(path)
     check_configuration(path, fingerprint, allow)
+    assert trainer.max_epochs is not None  # FederatedTrainer sets max_epochs to trainer.rounds
     check_rounds(path, trainer.max_epochs)
     return path
 
@@ -275,13 +276,13 @@ def find_resumable(trainer: L.Trainer, fingerprint: Mapping[str, Any], allow: tu
             continue
         progress = (checkpoint.get("global_step", 0), checkpoint.get("epoch", 0), path.stat().st_mtime)
         loaded.append((progress, str(path), checkpoint))
-    chosen = None
-    for _, path, checkpoint in sorted(loaded, key=lambda item: item[:2], reverse=True):  # newest first
+    chosen: Optional[str] = None
+    for _, name, checkpoint in sorted(loaded, key=lambda item: item[:2], reverse=True):  # newest first
         reason = why_not_resumable(checkpoint, fingerprint, allow)
         if reason is None:
-            chosen = path
+            chosen = name
             break
-        skipped.append(f"{path}: {reason}")
+        skipped.append(f"{name}: {reason}")
     for line in skipped:
         rank_zero_warn(f"--ckpt_path last: skipped {line}")
     if chosen is None:

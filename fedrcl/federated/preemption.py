@@ -70,7 +70,7 @@ class Preempted(SystemExit):
 
 def _stop_signals(trainer: L.Trainer) -> dict[int, bool]:
     """The signals that stop a fit at the round's end -> whether the job is requeued after it."""
-    signals = {signal.SIGTERM: False}
+    signals: dict[int, bool] = {signal.SIGTERM: False}
     environment = trainer._accelerator_connector.cluster_environment
     if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal:
         signals[environment.requeue_signal] = True
@@ -113,13 +113,16 @@ class Preemption(L.Callback):
         connector = trainer._signal_connector
         asked = isinstance(connector, PreemptionSignals) and connector.signum is not None
         if trainer.world_size > 1:  # every process stops after the same round
+            assert isinstance(connector, PreemptionSignals)  # a FederatedTrainer's, as is this callback
             signum = connector.signum or 0
             packed = torch.tensor([signum, int(connector.requeue)], device=trainer.strategy.root_device)
             dist.all_reduce(packed, op=dist.ReduceOp.MAX)
             if packed[0].item() and not asked:
                 connector.signum, connector.requeue = int(packed[0].item()), bool(packed[1].item())
             asked = bool(packed[0].item())
-        if asked and trainer.current_epoch + 1 < trainer.max_epochs:
+        rounds = trainer.max_epochs
+        assert rounds is not None  # an int during fit
+        if asked and trainer.current_epoch + 1 < rounds:
             trainer.should_stop = True
 
 
@@ -140,6 +143,7 @@ def preempted(trainer: L.Trainer) -> Optional[Preempted]:
     rounds = [c for c in trainer.checkpoint_callbacks if isinstance(c, RoundCheckpoint)]
     checkpoint = rounds[0].last_model_path if rounds else None
     requeued = requeue_slurm_job() if connector.requeue and trainer.is_global_zero else None
+    assert trainer.max_epochs is not None  # an int once fit has run
     return Preempted(connector.signum, done, trainer.max_epochs, checkpoint or None, requeued,
                      trainer.global_rank)
 

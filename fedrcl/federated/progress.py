@@ -69,7 +69,9 @@ class RunClock:
         """``elapsed 1:15, left 6:20`` after ``done`` rounds of ``trainer.max_epochs`` (``left ?`` before the
         first round of this fit has ended)."""
         trained, elapsed = done - self._first_round, self.elapsed()
-        left = duration(elapsed / trained * (trainer.max_epochs - done)) if trained > 0 else "?"
+        total = trainer.max_epochs
+        assert total is not None  # trainer.rounds (Lightning's fit sets a default otherwise)
+        left = duration(elapsed / trained * (total - done)) if trained > 0 else "?"
         return f"elapsed {duration(elapsed)}, left {left}"
 
 
@@ -86,10 +88,11 @@ def stop_reason(trainer: L.Trainer) -> Optional[str]:
     """Why a fit trained fewer rounds than ``trainer.rounds`` (``None`` if it did not): EarlyStopping (its own
     words), ``trainer.max_time``, or another callback that set ``trainer.should_stop``. A signal and a
     divergence have their own line (``Preempted``, ``DivergenceError``)."""
-    done = trainer.current_epoch
-    if done >= trainer.max_epochs or not trainer.should_stop:
+    done, total = trainer.current_epoch, trainer.max_epochs
+    assert total is not None  # trainer.rounds (Lightning's fit sets a default otherwise)
+    if done >= total or not trainer.should_stop:
         return None
-    for callback in trainer.callbacks:
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning's callback connector
         if isinstance(callback, EarlyStopping) and callback.stopped_epoch == done - 1 \
                 and callback.stopping_reason_message:
             return f"EarlyStopping: {' '.join(callback.stopping_reason_message.split())}"
@@ -120,7 +123,7 @@ def run_summary(trainer: L.Trainer, clock: RunClock) -> str:
                  + (f"; {', '.join(metrics)}" if metrics else ""))
     folder = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
     lines.append(f"  run folder: {folder or trainer.default_root_dir}")
-    checkpoints = [c.last_model_path for c in trainer.checkpoint_callbacks if getattr(c, "last_model_path", "")]
+    checkpoints = [path for c in trainer.checkpoint_callbacks if (path := getattr(c, "last_model_path", ""))]
     if checkpoints:
         lines.append(f"  checkpoint: {checkpoints[0]}")
     return "\n".join(lines)

@@ -34,7 +34,7 @@ from fedrcl.federated.aggregation import WeightedSum
 from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.context import ClientContext
 from fedrcl.federated.divergence import DivergenceError, all_finite, client_failure, divergence_message
-from fedrcl.federated.exchange import Reduce, Tensors
+from fedrcl.federated.exchange import ClientExchange, Reduce, Tensors
 from fedrcl.federated.weights import load_state_
 
 if TYPE_CHECKING:  # the round imports neither Lightning nor the algorithms at run time
@@ -68,7 +68,8 @@ class ServerRound:
 
     Args:
         server: the server optimizer.
-        algorithm: the server's copy of the client algorithm (its ``receive_upload``, ``end_server_round``).
+        algorithm: the server's copy of the client algorithm: its exchange hooks (``extra_download``,
+            ``receive_upload``, ``end_server_round``), all that the round uses of it.
         round_idx: the round's 0-based index.
         global_state: the global weights at the round's start.
         ledger: where the round's bytes are counted (``None``: nowhere).
@@ -76,7 +77,7 @@ class ServerRound:
         vote: whether any process has a failed client, given this one's answer (``None``: one process).
     """
 
-    def __init__(self, server: ServerOptimizer, algorithm: fedrcl.algorithms.fedavg.FedAvg, round_idx: int,
+    def __init__(self, server: ServerOptimizer, algorithm: ClientExchange, round_idx: int,
                  global_state: Mapping[str, Tensor], ledger: Optional[RoundLedger] = None, reduce: Reduce = None,
                  vote: Optional[Callable[[bool], bool]] = None):
         self.server, self.algorithm, self.round_idx = server, algorithm, round_idx

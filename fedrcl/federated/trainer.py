@@ -128,9 +128,11 @@ class FederatedTrainer(L.Trainer):
 
     @property
     def rounds(self) -> int:
+        assert self.max_epochs is not None  # set from trainer.rounds in __init__
         return self.max_epochs
 
-    def fit(self, model: L.LightningModule, train_dataloaders: Any = None, val_dataloaders: Any = None,
+    def fit(self, model: L.LightningModule,  # type: ignore[override]  # str ckpt_path
+            train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Optional[L.LightningDataModule] = None, ckpt_path: Optional[str] = None,
             weights_only: Optional[bool] = None) -> None:
         """Train the federation round by round, evaluating and checkpointing the global model.
@@ -148,8 +150,8 @@ class FederatedTrainer(L.Trainer):
         if stop is not None:  # exit status 128 + signal, after the round's checkpoint
             raise stop
 
-    def validate(self, model: Optional[L.LightningModule] = None, dataloaders: Any = None,
-                 ckpt_path: Optional[str] = None, verbose: bool = True,
+    def validate(self, model: Optional[L.LightningModule] = None,  # type: ignore[override]  # str ckpt_path
+                 dataloaders: Any = None, ckpt_path: Optional[str] = None, verbose: bool = True,
                  datamodule: Optional[L.LightningDataModule] = None, weights_only: Optional[bool] = None) -> Any:
         """Evaluate a checkpoint's global model on the test set (``val/acc``, and the checkpoint's accuracy EMA).
 
@@ -157,8 +159,8 @@ class FederatedTrainer(L.Trainer):
         ckpt_path = self._evaluated_checkpoint(model, datamodule, ckpt_path)
         return super().validate(model, dataloaders, ckpt_path, verbose, datamodule, weights_only)
 
-    def test(self, model: Optional[L.LightningModule] = None, dataloaders: Any = None,
-             ckpt_path: Optional[str] = None, verbose: bool = True,
+    def test(self, model: Optional[L.LightningModule] = None,  # type: ignore[override]  # str ckpt_path
+             dataloaders: Any = None, ckpt_path: Optional[str] = None, verbose: bool = True,
              datamodule: Optional[L.LightningDataModule] = None, weights_only: Optional[bool] = None) -> Any:
         """Evaluate a checkpoint's global model on the test set, logged as ``test/acc``.
 

@@ -13,10 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from fedrcl.cli import split_ckpt_path
 from fedrcl.flower.config import Args, as_args, build
+
+if TYPE_CHECKING:  # Flower is imported where a simulation starts
+    from flwr.common import ConfigRecordValues
 
 
 def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: Optional[float] = None,
@@ -32,7 +35,8 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
     args = as_args(args)
     if num_supernodes is None:
         num_supernodes = build([*split_ckpt_path(args)[0], "--trainer.logger", "false"]).datamodule.num_clients
-    resources = {"num_cpus": cpus_per_client or os.cpu_count() or 1, "num_gpus": 0.0}
+    resources: dict[str, ConfigRecordValues] = {"num_cpus": cpus_per_client or os.cpu_count() or 1,
+                                                "num_gpus": 0.0}
     server_app = make_server_app(args, timeout=round_timeout, more=[as_args(m) for m in more])
     run_simulation(server_app, make_client_app(), num_supernodes=num_supernodes,
                    backend_config={"client_resources": resources}, verbose_logging=verbose)

@@ -105,7 +105,9 @@ class FedrclStrategy(Strategy):
             for reply in grid.send_and_receive(queries, timeout=self.node_wait):
                 if reply.has_error():
                     raise ClientFailure(f"node {reply.metadata.src_node_id} failed to start: {reply.error.reason}")
-                for client in reply.content["fedrcl.clients"]["clients"]:
+                clients = reply.content["fedrcl.clients"]["clients"]
+                assert isinstance(clients, list)  # the node's ConfigRecord({"clients": [...]})
+                for client in clients:
                     self.nodes[int(client)] = reply.metadata.src_node_id
             asked.update(new)
             missing = [k for k in range(len(self.num_samples)) if k not in self.nodes]
