@@ -84,3 +84,16 @@ def test_fedrcl_fit_refuses_a_broken_exchange_before_training(data_root, tmp_pat
     with pytest.raises(ValueError, match=message):
         run_cli(data_root, tmp_path, model=model)
     assert not list(tmp_path.rglob("*.ckpt"))  # no round trained
+
+
+def test_importing_the_round_facts_and_the_exchange_does_not_load_lightning():
+    """What a method's hooks and the round need (``ClientContext``, the exchange, the round, the weights) is
+    imported without the Trainer: a fresh interpreter imports them and finds no Lightning module loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fedrcl.federated.context, fedrcl.federated.exchange, fedrcl.federated.round, "
+            "fedrcl.federated.weights; from fedrcl.federated import ClientContext; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
