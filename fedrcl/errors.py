@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import errno
 import re
+import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 # Errors of the file system that are the machine's state, not a bug: a full disk, a read-only or foreign folder.
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
@@ -97,3 +98,9 @@ def with_typed_key(error: BaseException, argv: Sequence[str]) -> str:
                     return message[:mentioned.start()] + key + message[mentioned.end():]
                 return f"--{key} {value}: {message}"
     return re.sub(rf"(?<![\w.])model\.({'|'.join(map(re.escape, params))})\b", r"model.init_args.\1", message)
+
+
+def command_error(prog: str, message: str) -> NoReturn:
+    """``<prog>: error: <message>`` on stderr and exit status 2 (argparse's, without the usage)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)

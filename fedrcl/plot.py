@@ -22,10 +22,11 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Optional
 
 from fedrcl.analysis.runs import Curve, load_scalars
 from fedrcl.analysis.seed_stats import align, seed_runs, summarize_seeds
+from fedrcl.errors import command_error
 from fedrcl.report import EMA_TAG, RunResult, collect_runs, seed_groups
 
 __all__ = ["curve_groups", "summary_table", "main"]
@@ -111,11 +112,6 @@ def summary_table(groups: Groups, rounds: Optional[Sequence[int]] = None, tag: s
     return out
 
 
-def _error(message: str) -> NoReturn:
-    print(f"fedrcl plot: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     """``fedrcl plot RUNS [RUNS ...] [--out PATH] [--tags TAG ...] [--band ci|std] [--rounds R ...]``."""
     parser = argparse.ArgumentParser(
@@ -135,7 +131,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         groups = curve_groups(args.runs, args.tags, left_out)
     except ValueError as error:
-        _error(str(error))
+        command_error("fedrcl plot", str(error))
     for note in left_out:
         print(f"fedrcl plot: left out {note}", file=sys.stderr)
     import matplotlib

@@ -41,17 +41,17 @@ import argparse
 import copy
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import yaml
 
 from fedrcl.analysis.runs import Curve, has_logs, load_scalars
 from fedrcl.analysis.seed_stats import align, summarize_seeds
+from fedrcl.errors import command_error
 
 __all__ = ["RunResult", "load_paper_results", "run_setting", "collect_runs", "unread_versions", "experiment_key",
            "seed_groups", "render_seed_table", "render_report", "main"]
@@ -548,12 +548,6 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
     return "\n".join(out)
 
 
-def _error(message: str) -> NoReturn:
-    """``fedrcl report: error: <message>`` on stderr, exit status 2 (argparse's, without the usage)."""
-    print(f"fedrcl report: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     """``fedrcl report RUNS_DIR [--out FILE] [--tags TAG ...] [--paper]``."""
     parser = argparse.ArgumentParser(
@@ -568,12 +562,13 @@ def main(argv: Optional[list[str]] = None) -> None:
                              "cells our runs fill")
     args = parser.parse_args(argv)
     if not Path(args.runs_dir).is_dir():
-        _error(f"RUNS_DIR {args.runs_dir} is not a folder")
+        command_error("fedrcl report", f"RUNS_DIR {args.runs_dir} is not a folder")
     runs, unread = collect_runs(args.runs_dir), unread_versions(args.runs_dir)
     if not runs:
         found = f"; {len(unread)} version folders without config.yaml" if unread else ""
-        _error(f"no runs under {args.runs_dir}{found} (a run is a folder of version_* folders, each with the "
-               "config.yaml of `fedrcl fit` and TensorBoard event files or a CSVLogger metrics.csv)")
+        command_error("fedrcl report", f"no runs under {args.runs_dir}{found} (a run is a folder of version_* "
+                      "folders, each with the config.yaml of `fedrcl fit` and TensorBoard event files or a "
+                      "CSVLogger metrics.csv)")
     text = render_report(runs, title=args.runs_dir, seed_tags=args.tags, paper_tables=args.paper,
                          unread=unread, root=Path(args.runs_dir))
     if args.out:
