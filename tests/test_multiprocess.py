@@ -137,7 +137,7 @@ def test_every_process_needs_a_client(data_root):
     model = FedAvg(backbone=SmallCNN, num_classes=10)
     federation = Federation(clients_per_round=3, participation=None, local_epochs=1, server=None, seed=0)
     with pytest.raises(ValueError, match="clients_per_round=3 is smaller than the 4 processes"):
-        federation.setup(SimpleNamespace(datamodule=dm, world_size=4), model, "fit")
+        federation.setup(SimpleNamespace(datamodule=dm, world_size=4, callbacks=[]), model, "fit")
 
 
 # -- the pieces -----------------------------------------------------------------------------------------

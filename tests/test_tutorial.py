@@ -72,7 +72,7 @@ def test_tutorial_runs_as_written(tmp_path, data_root, monkeypatch, capsys):
     # The report's "Seeds" section groups the three seeds of each method.
     report = (tmp_path / "runs" / "tutorial" / "report.md").read_text()
     seeds = report[report.index("## Seeds"):]
-    for experiment, method in (("runs/tutorial/fedavg", "FedAvg"), ("runs/tutorial/my_method", "MyMethod")):
+    for experiment, method in (("fedavg", "FedAvg"), ("my_method", "MyMethod")):  # paths below RUNS_DIR
         assert re.search(rf"^\| {experiment} \| {method} \| FedAvg \| 3 \| 0,1,2 ", seeds, flags=re.M), seeds
     # `fedrcl fit` with the config's seeds is seed 0 of `fedrcl seeds`: the same curve.
     single = load_scalars(tmp_path / "runs" / "quickstart")["val/acc_ema"]
