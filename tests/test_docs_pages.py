@@ -84,7 +84,8 @@ def test_docs_point_inside_the_repository():
 @pytest.mark.slow
 def test_the_headless_notebook_command_of_the_analysis_page_runs(tmp_path):
     """docs/analysis.md's ``jupyter nbconvert`` line, as written, on the notebook that needs no run (the
-    other is executed by tests/test_notebooks.py), from a folder laid out as a clone."""
+    other is executed by tests/test_notebooks.py), from a folder laid out as a clone: it runs offline, draws
+    the quickstart's split and builds ``../data/digits.npz`` if absent."""
     line = next(line for line in (DOCS / "analysis.md").read_text(encoding="utf-8").splitlines()
                 if line.startswith("jupyter nbconvert"))
     command = line.split("#")[0].split()

@@ -46,10 +46,3 @@ def test_analysis_notebook_reads_the_quickstart(data_root, tmp_path):
     assert "1 runs: quickstart" in "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                                            for o in c.outputs)
     assert images(nb) >= 1 + 4 + 4 + 1  # accuracy, 4 global and 4 local metrics, deviation
-
-
-def test_partitions_notebook_runs_offline(tmp_path):
-    """As shipped it draws the quickstart's digits split, building ``../data/digits.npz`` if absent."""
-    nb = execute("partitions.ipynb", tmp_path)
-    assert images(nb) == 1
-    assert (tmp_path / "data" / "digits.npz").is_file()
