@@ -6,7 +6,9 @@ A node serves the clients ``partition-id, partition-id + num-partitions, ...`` o
 arguments, so a node needs no config of its own (``data-root`` in its ``node_config`` points it at its local
 data). Messages:
 
-- ``query``: reply which clients this node serves (the server maps each client to its node once).
+- ``query``: the node's configuration checked (``fedrcl.flower.node.check``: a bad one is refused, named, before
+  anything is built), then the run built; reply ``fedrcl.clients``: the node's ``clients``, its ``partition``
+  and ``partitions`` (so the server can map a restarted node, a new node id, to its partition).
 - ``train``: one message per node and round, for all of the node's sampled clients: content
   ``fedrcl.round`` (``round_idx``; ``clients``, in the sampled order; per client its ``state_files`` and
   ``kept`` files, below), ``fedrcl.sent`` (the broadcast weights, once) and, for methods that send more,
@@ -16,25 +18,26 @@ data). Messages:
   the engine's (seed, round, client) streams) and replies with, per client, ``fedrcl.<client>.weights``,
   ``fedrcl.<client>.upload`` (its ``extra_upload``, e.g. SCAFFOLD's ``delta c_i``; empty for most methods),
   the summed step losses ``fedrcl.<client>.train`` and ``fedrcl.<client>.status`` (a non-finite loss or
-  weights, for the server to stop the round with). A deployed SuperNode starts one ClientApp process per
-  message, so one per round.
+  weights, for the server to stop the round with).
 
-The module, data and optimizer are built once per process and run (``_local_update``), never per client.
+The module, data and optimizer are built once per process and run (``_local_update``), never per client: in
+the simulation's Ray actors, and on a deployed node in its worker process (``fedrcl.flower.worker``), which
+outlives the ClientApp processes Flower starts per message (``fedrcl.flower.clientapp``).
 Per-client state (MOON's previous model, SCAFFOLD's ``c_i``, FedDyn's dual) stays on the node: the
 algorithm's ``ClientStateStore`` writes its files under the node's ``state-dir`` (default: a folder of the
 Flower run and the fedrcl arguments under the system's temp folder; set it to a lasting folder for runs
 resumed after a restart). The server is told which file is each client's current one (``state_file`` in
 the reply's ``fedrcl.<client>.status``) and keeps that manifest in its checkpoints, as ``fedrcl fit`` does;
 each ``train`` message names its clients' current files (``fedrcl.round``'s ``state_files``, empty: none)
-and the ones the server's newest checkpoint refers to (``kept``, never deleted by the node). So a new ClientApp
-process (a SuperNode starts one per message) reads the right file, and a run resumed from a checkpoint,
+and the ones the server's newest checkpoint refers to (``kept``, never deleted by the node). So a new node process
+(a restarted worker or SuperNode) reads the right file, and a run resumed from a checkpoint,
 on Flower or with ``fedrcl fit`` on the same machine, reads the files as of that checkpoint.
 """
 from __future__ import annotations
 
-import tempfile
+import logging
+import time
 import zlib
-from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -42,17 +45,11 @@ from flwr.clientapp import ClientApp
 from fedrcl.federated.client_state import ClientStateStore
 from fedrcl.federated.local_update import LocalUpdate
 from fedrcl.federated.round import Downlink
+from fedrcl.flower import node
 from fedrcl.flower.config import build, client_args
 
 _PROCESS: dict[tuple, LocalUpdate] = {}  # this process's client machinery, per (run, args, state dir)
-
-
-def served_clients(node_config: dict, num_clients: int) -> list[int]:
-    """The clients of a node: ``range(partition-id, num_clients, num-partitions)``."""
-    part, parts = int(node_config.get("partition-id", 0)), int(node_config.get("num-partitions", 1))
-    if not 0 <= part < parts:
-        raise ValueError(f"node_config partition-id={part} must be in [0, num-partitions={parts})")
-    return list(range(part, num_clients, parts))
+log = logging.getLogger(__name__)
 
 
 def _as_list(value: object) -> list:
@@ -72,13 +69,15 @@ def node_args(message: Message, context: Context) -> list[str]:
 
 def _local_update(context: Context, args: list[str]) -> LocalUpdate:
     run = f"{zlib.crc32(' '.join(args).encode()):08x}"  # several fedrcl runs may share one Flower run
-    base = Path(str(context.node_config.get("state-dir", Path(tempfile.gettempdir()) / "fedrcl-flower")))
-    state_dir = str(base / f"run{context.run_id}" / run)
+    state_dir = str(node.state_base(context.node_config) / f"run{context.run_id}" / run)
     key = (context.run_id, tuple(args), state_dir)
     if key not in _PROCESS:
         _PROCESS.clear()  # a new run: drop the previous run's model and data
+        started = time.perf_counter()
         cli = build([*args, *client_args(state_dir)])
         _PROCESS[key] = LocalUpdate(cli.trainer, cli.model, cli.datamodule)
+        log.info("built the client run of Flower run %s (%s) in %.2f s", context.run_id, run,
+                 time.perf_counter() - started)
     return _PROCESS[key]
 
 
@@ -89,16 +88,20 @@ def make_client_app() -> ClientApp:
 
     @app.query()
     def query(message: Message, context: Context) -> Message:
+        node.check(context.node_config)
         update = _local_update(context, node_args(message, context))
-        clients = served_clients(context.node_config, update.datamodule.num_clients)
-        return Message(RecordDict({"fedrcl.clients": ConfigRecord({"clients": list(clients)})}), reply_to=message)
+        part, parts = node.partition(context.node_config)
+        clients = node.served_clients(context.node_config, update.datamodule.num_clients)
+        log.info("partition %s of %s: clients %s", part, parts, clients)
+        answer = ConfigRecord({"clients": clients, "partition": part, "partitions": parts})
+        return Message(RecordDict({"fedrcl.clients": answer}), reply_to=message)
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
         update = _local_update(context, node_args(message, context))
         task = message.content.config_records["fedrcl.round"]
         round_idx, clients = int(str(task["round_idx"])), [int(k) for k in _as_list(task["clients"])]
-        served = served_clients(context.node_config, update.datamodule.num_clients)
+        served = node.served_clients(context.node_config, update.datamodule.num_clients)
         foreign = [k for k in clients if k not in served]
         if foreign:
             raise ValueError(f"clients {foreign} are not served by this node ({dict(context.node_config)})")

@@ -1,0 +1,351 @@
+"""A deployed node: its light ClientApp, its worker (the built run kept between messages), its configuration checked.
+
+- The ClientApp ``flwr run`` loads (``fedrcl.flower.clientapp``) imports no torch and refuses a bad node
+  configuration, naming the key, before starting or building anything.
+- The worker's socket takes only its protocol (bytes: protobuf and JSON, never pickles) from a peer that knows
+  its key; it exits with its SuperNode, on SIGTERM and when idle; a node's error comes back named.
+- On a localhost deployment (SuperLink and SuperNodes as processes): the weights are ``fedrcl fit``'s, each node
+  has one worker that builds the run once for all rounds; a node with a bad configuration stops the run at its
+  query within 30 s, named.
+
+Every process is started in a session of its own with a timeout, and ended whatever happens.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # read when flwr is imported
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+pytest.importorskip("flwr", reason="Flower is an optional extra: pip install -e '.[flower]'")
+
+from conftest import REPO, run_cli, run_in_process_group  # noqa: E402
+from fedrcl.federated.sampling import sample_clients  # noqa: E402
+from fedrcl.flower import worker  # noqa: E402
+from fedrcl.flower.localhost import APP, QUIET, LocalDeployment, absolute, free_port  # noqa: E402
+
+ENV = {**QUIET, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+BAD = {  # node config -> what the refusal must name
+    "partition-id=2 num-partitions=2": "partition-id=2: must be in 0..1 (num-partitions=2)",
+    "partition-id=-1 num-partitions=2": "partition-id=-1: must be in 0..1",
+    "partition-id=0 num-partitions=0": "num-partitions=0: must be at least 1",
+    "partition-id='a' num-partitions=2": "partition-id='a': must be an integer",
+    "data-root='{tmp}/missing'": "data-root='{tmp}/missing': does not exist",
+    "data-root='{tmp}/file'": "data-root='{tmp}/file': is not a folder",
+    "state-dir='{tmp}/file/state'": "state-dir='{tmp}/file/state': cannot be created or written",
+    "worker-idle=0": "worker-idle=0: must be a number of seconds above 0",
+    "worker='maybe'": "worker='maybe': must be true or false",
+}
+
+
+def args_for(data_root: Path, save_dir: Path, rounds: int, model: str = "fedrcl.algorithms.FedRCL") -> list[str]:
+    """``conftest.run_cli``'s fit arguments (without the subcommand)."""
+    return ["--config", str(REPO / "configs" / "quickstart.yaml"), "--model", model,
+            "--data.root", str(data_root), "--data.num_clients", "10", "--trainer.accelerator", "cpu",
+            "--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false", "--trainer.rounds", str(rounds),
+            "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3"]
+
+
+def node_config(text: str) -> dict:
+    """``--node-config``'s text as a SuperNode parses it."""
+    from flwr.common.config import parse_config_args
+
+    return parse_config_args([text])
+
+
+# -- the light ClientApp ---------------------------------------------------------------------------------------
+def test_a_bad_node_config_is_refused_by_the_light_clientapp_naming_the_key(tmp_path):
+    """Each bad configuration is refused at the ``query``, named, with no worker started, no state written, and
+    torch never imported (a fresh process: the ClientApp's)."""
+    (tmp_path / "file").write_text("")
+    cases = {config.format(tmp=tmp_path): expected.format(tmp=tmp_path) for config, expected in BAD.items()}
+    script = f"""
+import json, sys
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+from fedrcl.flower.clientapp import client_app
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+errors = {{}}
+for text, config in json.loads(sys.argv[1]).items():
+    config.setdefault("state-dir", {str(tmp_path / "state")!r})
+    message = Message(RecordDict({{"fedrcl.run": ConfigRecord({{"args": []}})}}), dst_node_id=1, message_type="query")
+    try:
+        client_app(message, Context(run_id=1, node_id=1, state=RecordDict(), run_config={{}}, node_config=config))
+    except Exception as error:
+        errors[text] = f"{{type(error).__name__}}: {{error}}"
+print(json.dumps({{"errors": errors, "torch": "torch" in sys.modules}}))
+"""
+    configs = {text: node_config(text) for text in cases}
+    out = run_in_process_group([sys.executable, "-c", script, json.dumps(configs)], 120, tmp_path, {**os.environ, **ENV})
+    result = json.loads(out.strip().splitlines()[-1])
+    assert not result["torch"]
+    for text, expected in cases.items():
+        assert text in result["errors"], f"{text} was not refused"
+        assert result["errors"][text].startswith(f"NodeConfigError: node config {expected}"), result["errors"][text]
+    assert not list((tmp_path / "state").glob("worker-*"))
+
+
+# -- the worker's socket ---------------------------------------------------------------------------------------
+@contextmanager
+def watched() -> Iterator[subprocess.Popen]:
+    """A process for a worker to watch (a stand-in SuperNode), ended on leaving."""
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def worker_pid(folder: Path) -> int:
+    return int(re.findall(r"worker pid (\d+) serves", (folder / "worker.log").read_text())[-1])
+
+
+def ended(pid: int, within: float) -> bool:
+    """Whether process ``pid`` is gone (or a zombie: ``worker.start`` made it this process's child) within
+    ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while worker.alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@contextmanager
+def a_worker(folder: Path, watch: int, idle: float = 120.0) -> Iterator[int]:
+    """A worker for ``folder`` watching ``watch``: its pid; SIGKILLed on leaving if still there."""
+    folder.mkdir(mode=0o700, parents=True)
+    worker.start(folder, watch, idle).close()
+    pid = worker_pid(folder)
+    try:
+        yield pid
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Unpickled:
+    """A pickle that makes a folder when loaded: the worker must never load it."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (str(self.marker),)
+
+
+def test_the_worker_takes_only_its_protocol_from_a_peer_with_its_key(tmp_path):
+    folder = tmp_path / "worker-1"
+    with watched() as node, a_worker(folder, node.pid) as pid:
+        assert folder.stat().st_mode & 0o777 == 0o700
+        assert (folder / "authkey").stat().st_mode & 0o777 == 0o600
+        with pytest.raises(AuthenticationError):
+            Client(str(worker.socket_path(folder)), family="AF_UNIX", authkey=b"not the key")
+        marker = tmp_path / "unpickled"
+        with worker.connect(folder) as connection:  # a pickle, as Connection.send makes one
+            connection.send(Unpickled(marker))
+            assert [connection.recv_bytes() for _ in range(2)] == [worker.PROTOCOL, b"error"]
+            assert connection.recv_bytes().startswith(b"refused: the first frame is not")
+        with worker.connect(folder) as connection:  # the protocol's frames, but not Flower's protobuf
+            for frame in (worker.PROTOCOL, b'{"path": []}', b"\xff\xfe not a context", b"\x00"):
+                connection.send_bytes(frame)
+            protocol, status, text = (connection.recv_bytes() for _ in range(3))
+            assert (protocol, status) == (worker.PROTOCOL, b"error")
+            assert text.startswith(b"refused: not a request of fedrcl-worker/1: DecodeError"), text
+        with worker.connect(folder) as connection:  # a header that is not the expected JSON
+            for frame in (worker.PROTOCOL, b'{"path": "/x"}', b"", b""):
+                connection.send_bytes(frame)
+            assert [connection.recv_bytes() for _ in range(3)][1] == b"error"
+        assert not marker.exists()
+        assert not ended(pid, 0.5)  # it still serves
+        log = (folder / "worker.log").read_text()
+        assert log.count("refused a request") == 3 and "refused a connection: AuthenticationError" in log
+
+
+def test_the_worker_exits_with_its_supernode_on_sigterm_and_when_idle(tmp_path):
+    """Its SuperNode's process ends, SIGTERM, ``worker-idle`` seconds without a message: the worker exits and
+    removes its socket and key (its log stays)."""
+    with watched() as node:
+        with a_worker(tmp_path / "worker-a", node.pid) as by_node, a_worker(tmp_path / "worker-b", node.pid) as by_term, \
+                a_worker(tmp_path / "worker-c", node.pid, idle=1.0) as by_idle:
+            os.kill(by_term, signal.SIGTERM)
+            assert ended(by_term, 10)
+            assert ended(by_idle, 15)
+            node.kill()
+            assert ended(by_node, 10)
+    for name, reason in (("a", "its SuperNode"), ("b", "SIGTERM"), ("c", "no message for 1 s")):
+        folder = tmp_path / f"worker-{name}"
+        assert f"exits: {reason}" in (folder / "worker.log").read_text()
+        assert not (folder / "socket").exists() and not (folder / "authkey").exists()
+
+
+def test_a_nodes_error_comes_back_named_and_the_run_is_built_once(data_root, tmp_path, monkeypatch):
+    """Through the light ClientApp and a worker: the ``query`` builds the run and answers the node's clients
+    and partition; a ``train`` for a client of another node comes back as the node's error, named; a second
+    ``train`` (round 2) reuses the built run (one build in the worker's log)."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedrcl.flower.clientapp import client_app
+    from fedrcl.flower.config import build
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+    args = args_for(data_root, tmp_path / "runs", rounds=2, model="fedrcl.algorithms.FedAvg")
+    start = build(args).model.backbone.state_dict()
+    config = {"partition-id": 1, "num-partitions": 2, "state-dir": str(tmp_path / "state"), "worker-idle": 60}
+    context = Context(run_id=3, node_id=1, state=RecordDict(), run_config={}, node_config=config)
+    run = ConfigRecord({"args": args})
+    folder = worker.folder_of(tmp_path / "state", os.getppid())
+    try:
+        answer = client_app(Message(RecordDict({"fedrcl.run": run}), dst_node_id=1, message_type="query"), context)
+        assert dict(answer.content["fedrcl.clients"]) == {"clients": [1, 3, 5, 7, 9], "partition": 1, "partitions": 2}
+        weights = []
+        for round_idx, clients in ((0, [0]), (0, [1]), (1, [1])):
+            content = RecordDict({"fedrcl.run": run, "fedrcl.sent": ArrayRecord.from_torch_state_dict(start),
+                                  "fedrcl.round": ConfigRecord({"round_idx": round_idx, "clients": clients})})
+            message = Message(content, dst_node_id=1, message_type="train")
+            if clients == [0]:
+                with pytest.raises(worker.WorkerError, match=r"ValueError: clients \[0\] are not served by this node"):
+                    client_app(message, context)
+                continue
+            reply = client_app(message, context)
+            weights.append(reply.content["fedrcl.1.weights"].to_torch_state_dict())
+        assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # round 2 trained again
+        log = (folder / "worker.log").read_text()
+        assert log.count("built the client run") == 1 and log.count("serves SuperNode") == 1, log
+    finally:
+        if (folder / "worker.log").exists():
+            os.kill(worker_pid(folder), signal.SIGTERM)
+
+
+# -- localhost deployments ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_deployed_node_keeps_its_run_and_gives_fit_weights(data_root, tmp_path):
+    """A SuperLink and 2 SuperNodes as processes, 3 rounds of FedRCL: ``fedrcl fit``'s weights, bitwise; each
+    node ran one worker (the same process in every round) that built the run once, at the query, and
+    answered one ``train`` message per round in which the node had clients."""
+    rounds = 3
+    fit = run_cli(data_root, tmp_path / "fit", rounds=rounds)
+    temp = tmp_path / "temp"  # the nodes' temp folder: their default state-dir, their workers' folders
+    temp.mkdir()
+    with LocalDeployment(nodes=2, workdir=tmp_path / "deployment", env={**ENV, "TMPDIR": str(temp)}) as deployment:
+        deployment.run(args_for(data_root, tmp_path / "flower", rounds), timeout=600)
+        logs = deployment.logs()
+    last = torch.load(tmp_path / "flower" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt",
+                      map_location="cpu", weights_only=True)["state_dict"]
+    expected = fit.model.state_dict()
+    for key, value in last.items():
+        assert torch.equal(value, expected[key]), key
+    workers = sorted((temp / "fedrcl-flower").glob("worker-*/worker.log"))
+    assert len(workers) == 2, logs
+    sampled = [sample_clients(10, 3, 0, r) for r in range(rounds)]
+    for log in workers:
+        text = log.read_text()
+        assert text.count("serves SuperNode") == 1 and text.count("built the client run") == 1, text
+        assert text.count("query message of run") == 1, text
+        partition = int(re.findall(r"partition (\d) of 2", text)[0])
+        with_clients = sum(any(k % 2 == partition for k in clients) for clients in sampled)
+        assert text.count("train message of run") == with_clients, text
+
+
+def _reader(stream, lines: list[tuple[float, str]]) -> threading.Thread:
+    """A thread that appends each line of ``stream`` with the time it came."""
+    def read() -> None:
+        for line in stream:
+            lines.append((time.monotonic(), line))
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+@contextmanager
+def superlink_with_nodes(workdir: Path, configs: list[str]) -> Iterator[tuple[dict, list[list[tuple[float, str]]]]]:
+    """A SuperLink and one SuperNode per ``--node-config`` text on localhost: yields the environment of
+    ``flwr`` (``FLWR_HOME`` names that SuperLink) and each node's output lines with their times. Every process
+    group is ended on leaving."""
+    port = free_port()
+    home = workdir / "flwr_home"
+    home.mkdir(parents=True)
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "localhost"\n\n[superlink.localhost]\n'
+                                      f'address = "127.0.0.1:{port}"\ninsecure = true\n')
+    env = {**os.environ, **ENV, "FLWR_HOME": str(home)}
+    processes, outputs = [], []
+    try:
+        with open(workdir / "superlink.log", "w") as log:
+            processes.append(subprocess.Popen(["flower-superlink", "--insecure", "--port", str(port),
+                                               "--disable-runtime-dependency-installation"], cwd=workdir, env=env,
+                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + 90
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline, (workdir / "superlink.log").read_text()
+            time.sleep(0.2)
+        for config in configs:
+            node = subprocess.Popen(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+                                     "--port", str(free_port()), "--node-config", config], cwd=workdir, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    start_new_session=True)
+            processes.append(node)
+            outputs.append([])
+            _reader(node.stdout, outputs[-1])
+        yield env, outputs
+    finally:
+        for proc in processes:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", ["partition-id=2 num-partitions=2", "partition-id=1 num-partitions=2 data-root='{tmp}/missing'"])
+def test_a_bad_node_is_refused_at_its_query_within_30_s_named(data_root, tmp_path, bad):
+    """Two SuperNodes, one with a partition id out of range or a data root that does not exist: the run
+    stops at that node's ``query``, within 30 s of the node receiving it (no worker started, nothing built),
+    and ``flwr run``'s output names the key and its value."""
+    bad = bad.format(tmp=tmp_path) + f" state-dir='{tmp_path}/bad-state'"
+    with superlink_with_nodes(tmp_path, ["partition-id=0 num-partitions=2", bad]) as (env, outputs):
+        run_config = f"fedrcl-args={json.dumps(shlex.join(absolute(args_for(data_root, tmp_path / 'runs', 1))))}"
+        proc = subprocess.Popen(["flwr", "run", str(APP), "localhost", "--stream", "--run-config", run_config],
+                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        lines: list[tuple[float, str]] = []
+        reader = _reader(proc.stdout, lines)
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            pytest.fail("flwr run did not end in 300 s:\n" + "".join(line for _, line in lines[-60:]))
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+        reader.join(timeout=10)
+        ended_at = time.monotonic()
+    out = "".join(line for _, line in lines)
+    node_out = "".join(line for _, line in outputs[1])
+    received = [t for t, line in outputs[1] if "Receiving: query message" in line]
+    assert received, node_out
+    named = "data-root='%s/missing': does not exist" % tmp_path if "data-root" in bad else \
+        "partition-id=2: must be in 0..1 (num-partitions=2)"
+    assert named in out, out[-4000:] + node_out[-4000:]
+    assert ended_at - received[0] < 30, f"refused {ended_at - received[0]:.1f} s after the query"
+    assert not list((tmp_path / "bad-state").glob("worker-*"))
