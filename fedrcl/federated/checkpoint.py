@@ -167,10 +167,14 @@ class RoundCheckpoint(ModelCheckpoint):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.due(trainer):
-            log_round(trainer)
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+            self.save(trainer)
+
+    def save(self, trainer: L.Trainer) -> None:
+        """Write the current round's checkpoint and ``last.ckpt`` now, its scalars logged first."""
+        log_round(trainer)
+        candidates = self._monitor_candidates(trainer)
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
 
 
 def log_round(trainer: L.Trainer) -> None:

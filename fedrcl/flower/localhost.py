@@ -48,21 +48,38 @@ class LocalDeployment:
         nodes: SuperNodes; node i serves clients i, i + nodes, ...
         workdir: folder of the processes' logs and the Flower config (default: a new temporary folder).
         env: extra environment of every process (e.g. ``OMP_NUM_THREADS``).
+        run_config: Flower run config of every run besides ``fedrcl-args`` (e.g. ``{"node-restart-wait": 60}``).
     """
 
-    def __init__(self, nodes: int = 2, workdir: Optional[Path] = None, env: Optional[dict] = None):
+    def __init__(self, nodes: int = 2, workdir: Optional[Path] = None, env: Optional[dict] = None,
+                 run_config: Optional[dict] = None):
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
-        self.nodes = nodes
+        self.nodes, self.run_config = nodes, dict(run_config or {})
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fedrcl-flower-"))
         self.port = free_port()
         self.env = {**os.environ, **QUIET, **(env or {}), "FLWR_HOME": str(self.workdir / "flwr_home")}
         self.processes: list[subprocess.Popen] = []
+        self.supernodes: dict[int, subprocess.Popen] = {}  # partition -> its SuperNode now
 
-    def _start(self, name: str, command: list[str]) -> None:
+    def _start(self, name: str, command: list[str]) -> subprocess.Popen:
         with open(self.workdir / f"{name}.log", "w") as log:
             self.processes.append(subprocess.Popen(command, cwd=self.workdir, env=self.env, stdout=log,
                                                    stderr=subprocess.STDOUT, start_new_session=True))
+        return self.processes[-1]
+
+    def start_node(self, partition: int) -> None:
+        """Start the SuperNode of ``partition`` (again, after ``stop_node``: as a supervisor would); each start
+        logs to its own file, ``supernode<partition>.log``, then ``supernode<partition>.1.log``, ..."""
+        starts = len(list(self.workdir.glob(f"supernode{partition}.*log")))
+        name = f"supernode{partition}" + (f".{starts}" if starts else "")
+        self.supernodes[partition] = self._start(name, [
+            "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port()),
+            "--node-config", f"partition-id={partition} num-partitions={self.nodes}"])
+
+    def stop_node(self, partition: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the SuperNode of ``partition`` and the processes it started (its process group)."""
+        _end(self.supernodes.pop(partition), sig)
 
     def __enter__(self) -> "LocalDeployment":
         home = self.workdir / "flwr_home"
@@ -78,9 +95,7 @@ class LocalDeployment:
                     raise RuntimeError(f"the SuperLink did not start: {self.logs()}")
                 time.sleep(0.2)
             for i in range(self.nodes):
-                self._start(f"supernode{i}", [
-                    "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
-                    "--port", str(free_port()), "--node-config", f"partition-id={i} num-partitions={self.nodes}"])
+                self.start_node(i)
         except BaseException:
             self.__exit__()
             raise
@@ -89,8 +104,9 @@ class LocalDeployment:
     def run(self, args: Args, timeout: float = 3600.0) -> str:
         """``flwr run`` the fedrcl arguments ``args`` on these nodes and wait for the end; returns its output."""
         fedrcl_args = shlex.join(absolute(as_args(args)))
-        command = ["flwr", "run", str(APP), "localhost", "--stream",
-                   "--run-config", f"fedrcl-args={json.dumps(fedrcl_args)}"]
+        config = " ".join(f"{key}={json.dumps(value)}" for key, value in {**self.run_config,
+                                                                          "fedrcl-args": fedrcl_args}.items())
+        command = ["flwr", "run", str(APP), "localhost", "--stream", "--run-config", config]
         proc = subprocess.Popen(command, cwd=self.workdir, env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
@@ -118,10 +134,10 @@ class LocalDeployment:
         self.processes = []
 
 
-def _end(proc: subprocess.Popen) -> None:
+def _end(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     """End ``proc``'s whole process group (the apps a SuperLink or SuperNode started with it)."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
     proc.wait(timeout=30)

@@ -11,7 +11,9 @@ last`` (or a file) resumes a run from its checkpoint, as ``fedrcl fit --ckpt_pat
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
@@ -27,10 +29,11 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
     """Run fedrcl's arguments ``args`` through Flower's simulation (see the module docstring); ``more``:
     further runs with the same number of clients, one after another in the same simulation (Ray and its
     actors start once); ``round_timeout``: seconds a round waits for its clients."""
+    from flwr.common.logger import FLOWER_LOGGER, update_console_handler
     from flwr.simulation import run_simulation
 
     from fedrcl.flower.client import make_client_app
-    from fedrcl.flower.server import make_server_app
+    from fedrcl.flower.server import make_server_app, quiet_flower_log
 
     args = as_args(args)
     if num_supernodes is None:
@@ -38,8 +41,23 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
     resources: dict[str, ConfigRecordValues] = {"num_cpus": cpus_per_client or os.cpu_count() or 1,
                                                 "num_gpus": 0.0}
     server_app = make_server_app(args, timeout=round_timeout, more=[as_args(m) for m in more])
-    run_simulation(server_app, make_client_app(), num_supernodes=num_supernodes,
-                   backend_config={"client_resources": resources}, verbose_logging=verbose)
+    update_console_handler(colored=sys.stderr.isatty())  # no colour codes in a redirected log
+    quiet_flower_log()
+    deprecation = DeprecatedOnPurpose()
+    FLOWER_LOGGER.addFilter(deprecation)
+    try:
+        run_simulation(server_app, make_client_app(), num_supernodes=num_supernodes,
+                       backend_config={"client_resources": resources}, verbose_logging=verbose)
+    finally:
+        FLOWER_LOGGER.removeFilter(deprecation)
+
+
+class DeprecatedOnPurpose(logging.Filter):
+    """Drops Flower's notice that ``run_simulation`` is deprecated: it is this command's way to a simulation
+    without a SuperLink; ``flwr run`` (docs/flower.md) is Flower's own way in."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`run_simulation` function is deprecated" not in record.getMessage()
 
 
 def main(argv: Optional[list[str]] = None) -> None:

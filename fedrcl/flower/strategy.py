@@ -4,15 +4,17 @@ Per round (``server_round`` 1-based, fedrcl's ``round_idx`` = ``first_round + se
 
 - ``configure_train``: the clients of ``fedrcl.federated.sampling.sample_clients`` (seeded by (seed, round),
   never Python's global ``random``), the round's ``fedrcl.federated.round.ServerRound`` begun from the
-  global weights, and one ``train`` message per client to the node that serves it (nodes are asked once,
-  with a ``query`` message, which clients they serve) carrying its ``downlink``: ``fedrcl.sent`` (the
-  broadcast weights; FedACG: the look-ahead) and, for methods that send more, ``fedrcl.broadcast`` /
-  ``fedrcl.download`` (the server's ``extra_broadcast``, the algorithm's ``extra_download``);
-- ``aggregate_train``: the replies put back in the sampled order (never arrival order); a client that sent
-  an error or did not reply in time stops the round with an error naming it (a round never averages fewer
-  clients); each reply (weights, ``fedrcl.upload``: its ``extra_upload``, a failure) is added to the server
-  round, whose ``finish`` gives the new global weights exactly as in ``fedrcl fit`` (divergence check,
-  ``receive_upload`` in the sampled order, server step, ``end_server_round``).
+  global weights, and one ``train`` message per node with sampled clients (``fedrcl.flower.client``), to the
+  node serving their partition now (``fedrcl.flower.nodes.Fleet``: nodes are asked with a ``query`` message
+  which partition they serve), carrying the broadcast weights once and each client's extras;
+- the messages go out and come back through ``Fleet.exchange`` (``start`` hands Flower's loop a
+  ``FleetGrid``): a node lost mid-round and restarted gets its message again; an error, a silence past the
+  round's timeout, or a node not back in time stops the round naming the clients (a round never averages
+  fewer clients);
+- ``aggregate_train``: the replies put back in the sampled order (never arrival order); each client's result
+  (weights, ``fedrcl.<client>.upload``: its ``extra_upload``, a failure) is added to the server round, whose
+  ``finish`` gives the new global weights exactly as in ``fedrcl fit`` (divergence check, ``receive_upload``
+  in the sampled order, server step, ``end_server_round``).
 
 The server optimizer's memory (momenta) lives in the strategy between rounds; ``ledger`` counts fedrcl's
 bytes and seconds, and ``payload`` the bytes Flower carried (``ArrayRecord.count_bytes``). For methods with
@@ -31,7 +33,7 @@ from typing import Any, Optional
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from fedrcl.federated.client_state import ClientStateStore
 from fedrcl.federated.communication import RoundLedger
@@ -39,11 +41,10 @@ from fedrcl.federated.context import ClientContext
 from fedrcl.federated.exchange import ClientExchange
 from fedrcl.federated.round import ClientResult, Downlink, ServerRound
 from fedrcl.federated.sampling import sample_clients
+from fedrcl.flower.nodes import ClientFailure, Fleet, FleetGrid
 from fedrcl.server import ServerOptimizer
 
-
-class ClientFailure(RuntimeError):
-    """A client of the round sent an error or no reply: the round stops, naming it."""
+__all__ = ["ClientFailure", "FedrclStrategy"]
 
 
 class FedrclStrategy(Strategy):
@@ -57,6 +58,7 @@ class FedrclStrategy(Strategy):
         seed: the federation's seed (``trainer.seed``).
         first_round: fedrcl round index of Flower's round 1 (a resumed run's next round).
         node_wait: seconds to wait for nodes that serve every client before the first round.
+        restart_wait: seconds a round waits for a lost node's partition to be served again (``Fleet``).
         algorithm: the server's copy of the client algorithm (for methods that exchange more than weights:
             ``extra_download``, ``receive_upload``, ``end_server_round``; ``fedrcl.federated.communication``).
         run_args: fedrcl's arguments of the run, sent to the nodes with every message.
@@ -65,18 +67,20 @@ class FedrclStrategy(Strategy):
 
     def __init__(self, server: ServerOptimizer, num_samples: Sequence[int], clients_per_round: int, seed: int,
                  first_round: int = 0, node_wait: float = 600.0, algorithm: Any = None,
-                 run_args: Sequence[str] = (), ledger: Optional[RoundLedger] = None):
+                 run_args: Sequence[str] = (), ledger: Optional[RoundLedger] = None, restart_wait: float = 300.0):
         self.server, self.num_samples = server, list(num_samples)
         self.clients_per_round, self.seed, self.first_round = clients_per_round, seed, first_round
         self.node_wait = node_wait
         self.algorithm = algorithm if algorithm is not None else ClientExchange()  # FedAvg's: sends nothing more
-        self.nodes: dict[int, int] = {}  # client -> node id
         self.run_args = [str(a) for a in run_args]
+        self.fleet = Fleet(len(self.num_samples), lambda: RecordDict({"fedrcl.run": self._run_record()}),
+                           restart_wait)
         self.ledger = ledger if ledger is not None else RoundLedger()
         self.payload = {"down": 0, "up": 0}  # this round's bytes in Flower's ArrayRecords
         self.train_metrics: dict[str, float] = {}
         self.steps = 0  # local steps of every client so far (Lightning's global_step in fedrcl fit)
         self.round: Optional[ServerRound] = None  # the round in progress
+        self.clients: list[int] = []  # its clients, in the sampled order
         self._down: dict[int, tuple[ClientContext, Downlink]] = {}  # client -> its facts and what it received
         store = getattr(algorithm, "store", None)
         self.store = store if isinstance(store, ClientStateStore) else None  # the client-state manifest
@@ -94,46 +98,29 @@ class FedrclStrategy(Strategy):
     def _run_record(self) -> ConfigRecord:
         return ConfigRecord({"args": self.run_args})
 
-    # -- nodes --------------------------------------------------------------------------------------------
-    def map_nodes(self, grid: Grid) -> None:
-        """Ask every node which clients it serves, until every client has one (or ``node_wait`` passes)."""
-        deadline, asked = time.monotonic() + self.node_wait, set()
-        while True:
-            new = [n for n in grid.get_node_ids() if n not in asked]
-            queries = [Message(RecordDict({"fedrcl.run": self._run_record()}), dst_node_id=n, message_type="query")
-                       for n in new]
-            for reply in grid.send_and_receive(queries, timeout=self.node_wait):
-                if reply.has_error():
-                    raise ClientFailure(f"node {reply.metadata.src_node_id} failed to start: {reply.error.reason}")
-                clients = reply.content["fedrcl.clients"]["clients"]
-                assert isinstance(clients, list)  # the node's ConfigRecord({"clients": [...]})
-                for client in clients:
-                    self.nodes[int(client)] = reply.metadata.src_node_id
-            asked.update(new)
-            missing = [k for k in range(len(self.num_samples)) if k not in self.nodes]
-            if not missing:
-                return
-            if time.monotonic() > deadline:
-                raise ClientFailure(f"no node serves clients {missing} after {self.node_wait:.0f} s: start a "
-                                    "SuperNode for each partition (--node-config 'partition-id=i num-partitions=N')")
-            time.sleep(0.2)
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: Optional[ConfigRecord] = None, evaluate_config: Optional[ConfigRecord] = None,
+              evaluate_fn: Any = None) -> Result:
+        """Flower's loop, with the rounds' messages sent and received by the ``Fleet`` (``FleetGrid``); the
+        nodes are mapped to their partitions first, waiting up to ``node_wait`` seconds."""
+        self.fleet.discover(grid, self.node_wait)
+        return super().start(FleetGrid(grid, self.fleet), initial_arrays, num_rounds, timeout, train_config,
+                             evaluate_config, evaluate_fn)
 
     # -- training -----------------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        if not self.nodes:
-            self.map_nodes(grid)
         round_idx = self.round_idx(server_round)
         self.ledger.start_round(round_idx)
         self.round = ServerRound(self.server, self.algorithm, round_idx, arrays.to_torch_state_dict(), self.ledger)
-        self._clients = sample_clients(len(self.num_samples), self.clients_per_round, self.seed, round_idx)
+        self.clients = sample_clients(len(self.num_samples), self.clients_per_round, self.seed, round_idx)
         self.payload = {"down": 0, "up": 0}
         by_node: dict[int, list[int]] = {}
-        for client in self._clients:  # each node's clients, in the sampled order
+        for client in self.clients:  # each node's clients, in the sampled order
             context = self.round.context(client, self.num_samples[client], 0, self.seed)  # steps: the node's
             self._down[client] = context, self.round.downlink(context)
-            by_node.setdefault(self.nodes[client], []).append(client)
-        self._messages: list[tuple[Message, list[int]]] = []  # each message and its node's clients
+            by_node.setdefault(self.fleet.node_of(client), []).append(client)
+        messages = []
 
         for node, clients in by_node.items():
             records = {"fedrcl.sent": ArrayRecord.from_torch_state_dict(dict(self.round.sent))}  # once per node
@@ -147,32 +134,25 @@ class FedrclStrategy(Strategy):
                 task.update(state_files=["" if f is None else str(f) for f in files],
                             kept=[self.kept.get(client, "") for client in clients])
             content = RecordDict({**records, "fedrcl.run": self._run_record(), "fedrcl.round": ConfigRecord(task)})
-            message = Message(content, dst_node_id=node, message_type="train", group_id=str(server_round))
-            self._messages.append((message, clients))
-        return [message for message, _ in self._messages]
+            messages.append(Message(content, dst_node_id=node, message_type="train", group_id=str(server_round)))
+        return messages
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         round_idx = self.round_idx(server_round)
-        by_message = {m.metadata.message_id: clients for m, clients in self._messages}  # ids set when sent
-        received: dict[int, RecordDict] = {}
-        for reply in replies:
-            clients = by_message.get(reply.metadata.reply_to_message_id)
-            if clients is None:
-                continue  # a late reply to an earlier round
-            if reply.has_error():
-                raise ClientFailure(f"round {round_idx + 1}: node {reply.metadata.src_node_id} (clients {clients}) "
-                                    f"failed: {reply.error.reason}. The round is not aggregated.")
-            received.update({client: reply.content for client in clients})
-        missing = [k for k in self._clients if k not in received]
+        received: dict[int, RecordDict] = {}  # client -> the reply holding its result
+        for reply in replies:  # errors and silences stopped the round in ``Fleet.exchange``
+            for name in reply.content.array_records:
+                if name.endswith(".weights"):
+                    received[int(name.split(".")[1])] = reply.content
+        missing = [k for k in self.clients if k not in received]
         if missing:
-            raise ClientFailure(f"round {round_idx + 1}: no reply from clients {missing} within the timeout "
-                                "(Strategy.start's timeout). The round is not aggregated.")
+            raise ClientFailure(f"round {round_idx + 1}: no result for clients {missing}. The round is not aggregated.")
         assert self.round is not None
         self.ledger.trained()
         sums: dict[str, float] = {}
         steps = 0
-        for client in self._clients:  # the sampled order
+        for client in self.clients:  # the sampled order
             content, prefix = received[client], f"fedrcl.{client}."
             arrays, configs = content.array_records, content.config_records
             record, uploaded = arrays[prefix + "weights"], arrays[prefix + "upload"]
@@ -195,7 +175,6 @@ class FedrclStrategy(Strategy):
         self.ledger.totals()
         self.steps += steps
         self.train_metrics = {f"train/{k}": v / steps for k, v in sums.items()}
-        log(INFO, "fedrcl round %s: clients %s aggregated in this order", round_idx + 1, self._clients)
         return ArrayRecord.from_torch_state_dict(new_global), MetricRecord(dict(self.train_metrics))
 
     # -- evaluation is central (``fedrcl.flower.server``): no client evaluation round -------------------------

@@ -1,0 +1,84 @@
+"""A localhost deployment survives its nodes: a SuperNode killed mid-round and restarted (as a supervisor
+would) costs that node's work again and nothing else; one that does not come back stops the run with its
+checkpoint, naming the partition and the clients it owed; restarted, the run resumes from that checkpoint.
+Either way the final weights are those of a ``fedrcl fit`` run that never stopped. Real processes (a
+SuperLink, 2 SuperNodes, ``flwr run``), each step bounded by a timeout; every process group is ended on
+leaving, whatever happens.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+pytest.importorskip("flwr", reason="Flower is an optional extra: pip install -e '.[flower]'")
+
+from conftest import run_cli  # noqa: E402
+from test_flower import FLOWER_ENV, flower_args, last_weights  # noqa: E402
+
+from fedrcl.flower.localhost import LocalDeployment  # noqa: E402
+
+ROUNDS = 4
+
+
+def wait_for_round(workdir: Path, server_round: int, timeout: float) -> int:
+    """The partition of the first SuperNode whose current log shows Flower's round ``server_round``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for log in sorted(workdir.glob("supernode*.log")):
+            if f"ROUND {server_round}]" in log.read_text(errors="replace"):
+                return int(log.name.removeprefix("supernode").split(".")[0])
+        time.sleep(0.2)
+    raise AssertionError(f"no SuperNode received round {server_round} within {timeout} s")
+
+
+def in_background(deployment: LocalDeployment, args: list[str]) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["out"] = deployment.run(args, timeout=900)
+        except Exception as error:  # the test reads it
+            outcome["error"] = error
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.slow
+def test_a_killed_supernode_is_survived_or_named_and_the_weights_are_fits(data_root, tmp_path):
+    run_cli(data_root, tmp_path / "fit", rounds=ROUNDS)  # FedRCL, the quickstart's method
+    args = flower_args(data_root, tmp_path / "flower", "fedavg")
+    args[args.index("--model") + 1] = "fedrcl.algorithms.FedRCL"
+    args[args.index("--trainer.rounds") + 1] = str(ROUNDS)
+    workdir = tmp_path / "deployment"
+    with LocalDeployment(nodes=2, workdir=workdir, env=FLOWER_ENV, run_config={"node-restart-wait": 5}) as nodes:
+        thread, outcome = in_background(nodes, args)
+        # round 2: a SuperNode killed as it trains and restarted a second later; the round sends it its work again
+        victim = wait_for_round(workdir, 2, timeout=600)
+        nodes.stop_node(victim)
+        time.sleep(1)
+        nodes.start_node(victim)
+        # round 4: a SuperNode killed for good; the run stops after its restart wait, with round 3's checkpoint
+        victim = wait_for_round(workdir, 4, timeout=600)
+        nodes.stop_node(victim)
+        thread.join(900)
+        assert not thread.is_alive()
+        error = str(outcome.get("error"))
+        assert f"of partition {victim} went away and no node came back for it within 5 s; it owed clients" in error, \
+            f"{error}\n{nodes.logs()}"
+        checkpoints = tmp_path / "flower" / "quickstart" / "version_0" / "checkpoints"
+        assert f"The run stopped after round 3, checkpoint {checkpoints / 'last.ckpt'}" in error
+        # back, and resumed from that checkpoint
+        nodes.start_node(victim)
+        nodes.run([*args, "--ckpt_path", "last"], timeout=900)
+    resumed = sorted((tmp_path / "flower" / "quickstart").glob("version_*"))[-1]
+    fit, flower = last_weights(tmp_path / "fit" / "quickstart" / "version_0"), last_weights(resumed)
+    for key in fit:
+        assert torch.equal(fit[key], flower[key]), key
