@@ -269,6 +269,15 @@ def test_a_deployed_node_keeps_its_run_and_gives_fit_weights(data_root, tmp_path
         assert text.count("train message of run") == with_clients, text
 
 
+def end_group(proc: subprocess.Popen) -> None:
+    """End ``proc``'s process group (a SuperNode's SuperExec and ClientApps with it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
 def _reader(stream, lines: list[tuple[float, str]]) -> threading.Thread:
     """A thread that appends each line of ``stream`` with the time it came."""
     def read() -> None:
@@ -311,11 +320,7 @@ def superlink_with_nodes(workdir: Path, configs: list[str]) -> Iterator[tuple[di
         yield env, outputs
     finally:
         for proc in processes:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=30)
+            end_group(proc)
 
 
 @pytest.mark.slow
@@ -337,7 +342,7 @@ def test_a_bad_node_is_refused_at_its_query_within_30_s_named(data_root, tmp_pat
         except subprocess.TimeoutExpired:
             pytest.fail("flwr run did not end in 300 s:\n" + "".join(line for _, line in lines[-60:]))
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
+            end_group(proc)
         reader.join(timeout=10)
         ended_at = time.monotonic()
     out = "".join(line for _, line in lines)
