@@ -7,8 +7,12 @@ localhost deployment (``fedrcl.flower.localhost``: a SuperLink and ``--nodes`` S
 ``flwr run``; one ``train`` message per node and round). All give the same weights (tests/test_flower.py;
 checked here for the deployment). Per run: the whole wall time (start-up included) and the median
 ``time/round_wall_seconds`` of rounds 2.. (the steady state: Ray's and the first ClientApp's start-up fall
-in round 1); both as ratios over ``fedrcl fit``; last ``deploy_overhead_s=<median deployed minus median
-fit seconds per round>``.
+in round 1); both as ratios over ``fedrcl fit``. Then where a deployed round's seconds go, from the nodes'
+worker logs (``fedrcl.flower.worker``): once per node, the worker's imports and the run's build (at the
+``query``); per ``train`` message, the ClientApp process's start-up (its age when it forwarded the message)
+and the worker's answer (training included); the rest of a round is Flower's (its polling and transfers,
+the server's aggregation and evaluation). Last ``deploy_overhead_s=<median deployed minus median fit
+seconds per round>``.
 
     OMP_NUM_THREADS=1 python bench/flower_cost.py [--rounds 5] [--clients 10] [--per-round 3]
         [--local-epochs 1] [--nodes 2] [--no-simulation]
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -50,6 +55,17 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 
+def worker_seconds(temp: Path) -> dict[str, list[float]]:
+    """Seconds from the deployment's worker logs (under the nodes' temp folder ``temp``), by kind."""
+    patterns = {"imports": r"imported fedrcl's node handlers in ([\d.]+) s",
+                "build": r"built the client run of Flower run \d+ \(\w+\) in ([\d.]+) s",
+                "clientapp start-up": r"train message of run \d+ answered in [\d.]+ s \(its ClientApp sent it "
+                                      r"([\d.]+) s after starting\)",
+                "worker answer": r"train message of run \d+ answered in ([\d.]+) s"}
+    text = "".join(log.read_text() for log in sorted(temp.glob("fedrcl-flower/worker-*/worker.log")))
+    return {kind: [float(s) for s in re.findall(pattern, text)] for kind, pattern in patterns.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -74,9 +90,12 @@ def main() -> None:
             results[mode] = time.perf_counter() - started, steady_round(tmp / folder)
         deployed = f"flower localhost ({opts.nodes} SuperNodes)"
         started = time.perf_counter()
-        with LocalDeployment(opts.nodes, workdir=tmp / "deployment") as deployment:
+        (tmp / "node_temp").mkdir()  # the nodes' temp folder: their state-dir, their workers' logs
+        node_env = {"TMPDIR": str(tmp / "node_temp")}
+        with LocalDeployment(opts.nodes, workdir=tmp / "deployment", env=node_env) as deployment:
             deployment.run(args_for(tmp, "localhost", opts), timeout=3600)
         results[deployed] = time.perf_counter() - started, steady_round(tmp / "localhost")
+        seconds = worker_seconds(tmp / "node_temp")
         a, b = final_weights(tmp / "fit"), final_weights(tmp / "localhost")
         equal = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     wall0, round0 = results["fedrcl fit"]
@@ -86,6 +105,15 @@ def main() -> None:
     for mode, (wall, per_round) in results.items():
         print(f"{mode:<34} {wall:8.1f} {per_round:8.2f} {wall / wall0:10.2f} {per_round / round0:11.2f}")
     print(f"deployment's final weights equal fedrcl fit's: {equal}")
+    print("where a deployed round's seconds go (nodes' worker logs; median over messages, once: per node):")
+    for kind in ("imports", "build"):
+        print(f"  once per node, the worker's {kind}: {', '.join(f'{s:.2f}' for s in seconds[kind])} s")
+    per_message = {kind: statistics.median(seconds[kind]) if seconds[kind] else float("nan")
+                   for kind in ("clientapp start-up", "worker answer")}
+    for kind, value in per_message.items():
+        print(f"  per train message, {kind}: {value:.2f} s ({len(seconds[kind])} messages)")
+    rest = results[deployed][1] - sum(per_message.values())
+    print(f"  the rest of a round (Flower's polling and transfers, aggregation, evaluation): {rest:.2f} s")
     print(f"deploy_overhead_s={results[deployed][1] - round0:.2f}")
 
 

@@ -167,7 +167,7 @@ def test_the_worker_takes_only_its_protocol_from_a_peer_with_its_key(tmp_path):
             assert [connection.recv_bytes() for _ in range(2)] == [worker.PROTOCOL, b"error"]
             assert connection.recv_bytes().startswith(b"refused: the first frame is not")
         with worker.connect(folder) as connection:  # the protocol's frames, but not Flower's protobuf
-            for frame in (worker.PROTOCOL, b'{"path": []}', b"\xff\xfe not a context", b"\x00"):
+            for frame in (worker.PROTOCOL, b'{"path": [], "age": 1.0}', b"\xff\xfe not a context", b"\x00"):
                 connection.send_bytes(frame)
             protocol, status, text = (connection.recv_bytes() for _ in range(3))
             assert (protocol, status) == (worker.PROTOCOL, b"error")
@@ -220,17 +220,19 @@ def test_a_nodes_error_comes_back_named_and_the_run_is_built_once(data_root, tmp
     try:
         answer = client_app(Message(RecordDict({"fedrcl.run": run}), dst_node_id=1, message_type="query"), context)
         assert dict(answer.content["fedrcl.clients"]) == {"clients": [1, 3, 5, 7, 9], "partition": 1, "partitions": 2}
-        weights = []
-        for round_idx, clients in ((0, [0]), (0, [1]), (1, [1])):
-            content = RecordDict({"fedrcl.run": run, "fedrcl.sent": ArrayRecord.from_torch_state_dict(start),
-                                  "fedrcl.round": ConfigRecord({"round_idx": round_idx, "clients": clients})})
-            message = Message(content, dst_node_id=1, message_type="train")
-            if clients == [0]:
-                with pytest.raises(worker.WorkerError, match=r"ValueError: clients \[0\] are not served by this node"):
-                    client_app(message, context)
-                continue
-            reply = client_app(message, context)
-            weights.append(reply.content["fedrcl.1.weights"].to_torch_state_dict())
+        broken = {**start, "fc.bias": torch.zeros(3)}  # a shape the model does not have (nor broadcasts to)
+
+        def train(round_idx: int, client: int, sent: dict) -> Message:
+            content = RecordDict({"fedrcl.run": run, "fedrcl.sent": ArrayRecord.from_torch_state_dict(sent),
+                                  "fedrcl.round": ConfigRecord({"round_idx": round_idx, "clients": [client]})})
+            return client_app(Message(content, dst_node_id=1, message_type="train"), context)
+
+        with pytest.raises(worker.WorkerError, match=r"ValueError: clients \[0\] are not served by this node"):
+            train(0, 0, start)
+        with pytest.raises(worker.WorkerError, match=r"ClientError: client 1 \(round 1\): RuntimeError: "):
+            train(0, 1, broken)
+        weights = [train(round_idx, 1, start).content["fedrcl.1.weights"].to_torch_state_dict()
+                   for round_idx in (0, 1)]
         assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # round 2 trained again
         log = (folder / "worker.log").read_text()
         assert log.count("built the client run") == 1 and log.count("serves SuperNode") == 1, log

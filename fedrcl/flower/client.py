@@ -52,6 +52,10 @@ _PROCESS: dict[tuple, LocalUpdate] = {}  # this process's client machinery, per 
 log = logging.getLogger(__name__)
 
 
+class ClientError(RuntimeError):
+    """A client's local update raised: the node's error reply names the client and the round."""
+
+
 def _as_list(value: object) -> list:
     """A list value of a ``ConfigRecord`` (typed there as any of its value types)."""
     if not isinstance(value, list):
@@ -119,7 +123,11 @@ def make_client_app() -> ClientApp:
         for client_id in clients:  # the sampled order
             extras = {name: arrays[f"fedrcl.{client_id}.{name}"].to_torch_state_dict()
                       for name in ("broadcast", "download") if f"fedrcl.{client_id}.{name}" in arrays}
-            result = update.run(round_idx, client_id, Downlink(sent, extras))
+            try:
+                result = update.run(round_idx, client_id, Downlink(sent, extras))
+            except Exception as error:
+                raise ClientError(f"client {client_id} (round {round_idx + 1}): {type(error).__name__}: "
+                                  f"{error}") from error
             written = store.file(client_id) if store is not None else None
             replies.update({
                 f"fedrcl.{client_id}.weights": ArrayRecord.from_torch_state_dict(dict(result.weights)),

@@ -1,10 +1,11 @@
-"""The ClientApp ``flwr run`` loads (``examples/flower_app``'s ``clientapp`` component): light, it imports Flower
-and ``fedrcl.flower.node`` / ``worker``, never torch or Lightning.
+"""The ClientApp ``flwr run`` loads (``examples/flower_app``'s ``clientapp`` component), light: it imports
+Flower and ``fedrcl.flower.node`` / ``worker``, never torch or Lightning.
 
 Every message is answered by fedrcl's node handlers (``fedrcl.flower.client``): on a deployed SuperNode, which
 starts this ClientApp in a new process for every message, by the node's worker process, which keeps the
 built run between messages (``fedrcl.flower.worker``; started on the node's first message); in Flower's
-simulation, whose Ray actors live for the run, in this process (node config ``worker``, ``fedrcl.flower.node``).
+simulation, whose Ray actors live for the run, in this process (node config ``worker``:
+``fedrcl.flower.node``).
 A ``query`` first checks the node's own configuration (``fedrcl.flower.node.check``) and refuses a bad one,
 named, before anything is started or built.
 """
@@ -23,8 +24,8 @@ _IN_PROCESS: list[Callable[[Message, Context], Message]] = []  # the node handle
 
 def _answer(message: Message, context: Context) -> Message:
     if node.uses_worker(context.node_config):
-        return worker.call(node.state_base(context.node_config), os.getppid(), node.idle_seconds(context.node_config),
-                           message, context)
+        config = context.node_config  # the SuperNode's process (here Flower's SuperExec) is this one's parent
+        return worker.call(node.state_base(config), os.getppid(), node.idle_seconds(config), message, context)
     if not _IN_PROCESS:
         from fedrcl.flower.client import make_client_app
 

@@ -98,8 +98,9 @@ def check(node_config: Mapping) -> None:
         problem = ("does not exist" if not root.exists() else "is not a folder" if not root.is_dir()
                    else "cannot be read by this node" if not os.access(root, os.R_OK | os.X_OK) else "")
         if problem:
-            raise NodeConfigError(f"node config data-root={str(node_config['data-root'])!r}: {problem}; it must be "
-                                  "an existing folder this node can read, holding the run's data set")
+            value = str(node_config["data-root"])
+            raise NodeConfigError(f"node config data-root={value!r}: {problem}; it must be an existing "
+                                  "folder this node can read, holding the run's data set")
     base = state_base(node_config)
     try:
         base.mkdir(parents=True, exist_ok=True)

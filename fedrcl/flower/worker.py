@@ -72,7 +72,7 @@ def socket_path(folder: Path) -> Path:
     short = Path(tempfile.gettempdir()) / f"fedrcl-workers-{os.getuid()}"
     short.mkdir(mode=0o700, exist_ok=True)
     if short.stat().st_uid != os.getuid() or short.stat().st_mode & 0o077:
-        raise WorkerError(f"{short}: not a private folder of this user (mode 0700), refusing to put a socket there")
+        raise WorkerError(f"{short}: not a private folder of this user (mode 0700); no socket put there")
     return short / (hashlib.sha256(os.fsencode(folder.resolve())).hexdigest()[:24] + ".sock")
 
 
@@ -89,7 +89,7 @@ def _locked(folder: Path, blocking: bool = True) -> Iterator[bool]:
         yield True
 
 
-# -- the ClientApp's side -------------------------------------------------------------------------------------
+# -- the ClientApp's side ---------------------------------------------------------------------------------
 def connect(folder: Path) -> Optional[Connection]:
     """A connection to the worker of ``folder`` (the key's challenge passed), or None if none listens."""
     try:
@@ -108,9 +108,10 @@ def start(folder: Path, watch: int, idle: float) -> Connection:
     key.replace(folder / "authkey")
     socket_path(folder).unlink(missing_ok=True)
     with open(folder / "worker.log", "ab") as output:
-        process = subprocess.Popen([sys.executable, "-m", "fedrcl.flower.worker", str(folder), "--watch", str(watch),
-                                    "--idle", str(idle)], stdin=subprocess.DEVNULL, stdout=output,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        command = [sys.executable, "-m", "fedrcl.flower.worker", str(folder), "--watch", str(watch), "--idle",
+                   str(idle)]
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT
     while (connection := connect(folder)) is None:
         if process.poll() is not None or time.monotonic() > deadline:
@@ -130,15 +131,16 @@ def call(state_dir: Path, watch: int, idle: float, message: Message, context: Co
     with _locked(folder):
         connection = connect(folder) or start(folder, watch, idle)
         with connection:
-            header = json.dumps({"path": [p for p in sys.path if isinstance(p, str)]}).encode()
-            for frame in (PROTOCOL, header, context_to_proto(context).SerializeToString(),
+            header = json.dumps({"path": [p for p in sys.path if isinstance(p, str)], "age": process_age()})
+            for frame in (PROTOCOL, header.encode(), context_to_proto(context).SerializeToString(),
                           message_to_proto(message).SerializeToString()):
                 connection.send_bytes(frame)
             try:
                 protocol, status, payload = (connection.recv_bytes() for _ in range(3))
             except (EOFError, ConnectionError):
-                raise WorkerError(f"the node's worker ended while answering a {message.metadata.message_type} "
-                                  f"message; see its log {folder / 'worker.log'}") from None
+                raise WorkerError(f"the node's worker ended while answering a "
+                                  f"{message.metadata.message_type} message; see its log "
+                                  f"{folder / 'worker.log'}") from None
     if protocol != PROTOCOL or status not in (b"ok", b"error"):
         raise WorkerError("the node's worker answered in another format")
     if status == b"error":
@@ -147,7 +149,17 @@ def call(state_dir: Path, watch: int, idle: float, message: Message, context: Co
     return Message(reply.content, reply_to=message)
 
 
-# -- the worker's side ----------------------------------------------------------------------------------------
+def process_age() -> Optional[float]:
+    """Seconds since this process started (Linux's ``/proc``; else None): the ClientApp's start-up, logged by
+    the worker for each message."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# -- the worker's side ------------------------------------------------------------------------------------
 def alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie does not)."""
     try:
@@ -162,8 +174,9 @@ def alive(pid: int) -> bool:
         return True
 
 
-def read_request(connection: Connection) -> tuple[list[str], Context, Message]:
-    """A request's ``sys.path``, ``Context`` and ``Message``; ``ProtocolError`` for anything else."""
+def read_request(connection: Connection) -> tuple[dict, Context, Message]:
+    """A request's header (``path``: the ClientApp's ``sys.path``; ``age``: its process's age in seconds, or
+    None), ``Context`` and ``Message``; ``ProtocolError`` for anything else."""
     frames = []
     for index in range(4):
         if not connection.poll(FRAME_TIMEOUT):
@@ -173,26 +186,29 @@ def read_request(connection: Connection) -> tuple[list[str], Context, Message]:
             raise ProtocolError(f"the first frame is not {PROTOCOL.decode()!r}")
     try:
         header = json.loads(frames[1])
-        path = header["path"]
+        path, age = header["path"], header["age"]
         if not (isinstance(path, list) and all(isinstance(p, str) for p in path)):
             raise TypeError("path is not a list of strings")
+        if not (age is None or isinstance(age, (int, float))):
+            raise TypeError("age is not a number")
         context = context_from_proto(ProtoContext.FromString(frames[2]))
         message = message_from_proto(ProtoMessage.FromString(frames[3]))
     except Exception as error:  # noqa: BLE001  # protobuf's DecodeError, a bad header: all refused alike
-        raise ProtocolError(f"not a request of {PROTOCOL.decode()}: {type(error).__name__}: {error}") from None
-    return path, context, message
+        raise ProtocolError(f"not a request of {PROTOCOL.decode()}: {type(error).__name__}: {error}") \
+            from None
+    return header, context, message
 
 
 def _answer(connection: Connection, handle: Callable[[Message, Context], Message]) -> None:
     """Read one request, answer it with ``handle``'s reply or the error it raised."""
     try:
-        path, context, message = read_request(connection)
+        header, context, message = read_request(connection)
     except ProtocolError as error:
         log.warning("refused a request: %s", error)
         for frame in (PROTOCOL, b"error", f"refused: {error}".encode()):
             connection.send_bytes(frame)
         return
-    sys.path[:0] = [p for p in path if p not in sys.path]  # the Flower app's folder, as in its ClientApp
+    sys.path[:0] = [p for p in header["path"] if p not in sys.path]  # the Flower app's folder, as there
     started = time.perf_counter()
     kind = message.metadata.message_type
     try:
@@ -202,7 +218,9 @@ def _answer(connection: Connection, handle: Callable[[Message, Context], Message
         for frame in (PROTOCOL, b"error", f"{type(error).__name__}: {error}".encode()):
             connection.send_bytes(frame)
         return
-    log.info("%s message of run %s answered in %.2f s", kind, context.run_id, time.perf_counter() - started)
+    age = "" if header["age"] is None else f" (its ClientApp sent it {header['age']:.2f} s after starting)"
+    log.info("%s message of run %s answered in %.2f s%s", kind, context.run_id, time.perf_counter() - started,
+             age)
     for frame in (PROTOCOL, b"ok", message_to_proto(reply).SerializeToString()):
         connection.send_bytes(frame)
 
@@ -249,8 +267,8 @@ def serve(folder: Path, watch: int, idle: float) -> None:
                         leave(f"no message for {idle:.0f} s")
 
     signal.signal(signal.SIGTERM, lambda *_: leave("SIGTERM"))
-    log.info("worker pid %s serves SuperNode pid %s at %s (idle exit after %.0f s)", os.getpid(), watch, address,
-             idle)
+    log.info("worker pid %s serves SuperNode pid %s at %s (idle exit after %.0f s)", os.getpid(), watch,
+             address, idle)
     threading.Thread(target=watchdog, daemon=True).start()
     handle = _Handler()
     while True:
@@ -271,13 +289,16 @@ def serve(folder: Path, watch: int, idle: float) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedrcl.flower.worker", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fedrcl.flower.worker",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("folder", type=Path, help="the worker's folder (<state-dir>/worker-<SuperNode pid>)")
-    parser.add_argument("--watch", type=int, required=True, help="exit when this process (the SuperNode) ends")
-    parser.add_argument("--idle", type=float, default=3600.0, help="exit after these seconds without a message")
+    parser.add_argument("--watch", type=int, required=True, help="exit when this process (a SuperNode) ends")
+    parser.add_argument("--idle", type=float, default=3600.0, help="exit after this many idle seconds")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s",
-                        stream=sys.stdout, force=True)
+    handler = logging.StreamHandler(sys.stdout)  # fedrcl's lines; Lightning's and Flower's have their own
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    logging.getLogger("fedrcl").addHandler(handler)
+    logging.getLogger("fedrcl").setLevel(logging.INFO)
     serve(args.folder, args.watch, args.idle)
 
 
