@@ -1,13 +1,14 @@
 """A localhost deployment survives its nodes: a SuperNode killed mid-round and restarted (as a supervisor
-would) costs that node's work again and nothing else; one that does not come back stops the run with its
-checkpoint, naming the partition and the clients it owed; restarted, the run resumes from that checkpoint.
-Either way the final weights are those of a ``fedrcl fit`` run that never stopped. Real processes (a
-SuperLink, 2 SuperNodes, ``flwr run``), each step bounded by a timeout; every process group is ended on
-leaving, whatever happens.
+would) costs that node's work again and nothing else; one that does not come back (stopped with SIGTERM, it
+ends within 30 s) stops the run with its checkpoint, naming the partition and the clients it owed; started
+again, the run resumes from that checkpoint. Either way the final weights are those of a ``fedrcl fit`` run
+that never stopped. Real processes (a SuperLink, 2 SuperNodes, ``flwr run``), each step bounded by a
+timeout; every process group is ended on leaving, whatever happens.
 """
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -58,20 +59,22 @@ def test_a_killed_supernode_is_survived_or_named_and_the_weights_are_fits(data_r
     args[args.index("--model") + 1] = "fedrcl.algorithms.FedRCL"
     args[args.index("--trainer.rounds") + 1] = str(ROUNDS)
     workdir = tmp_path / "deployment"
-    with LocalDeployment(nodes=2, workdir=workdir, env=FLOWER_ENV, run_config={"node-restart-wait": 5}) as nodes:
+    with LocalDeployment(nodes=2, workdir=workdir, env=FLOWER_ENV, run_config={"node-restart-wait": 20}) as nodes:
         thread, outcome = in_background(nodes, args)
-        # round 2: a SuperNode killed as it trains and restarted a second later; the round sends it its work again
+        # round 2: a SuperNode killed as it trains and started again a second later: the round sends its
+        # message again to the new node, as soon as it answers which partition it serves
         victim = wait_for_round(workdir, 2, timeout=600)
         nodes.stop_node(victim)
         time.sleep(1)
         nodes.start_node(victim)
-        # round 4: a SuperNode killed for good; the run stops after its restart wait, with round 3's checkpoint
+        # round 4: a SuperNode stopped for good (SIGTERM: it ends within 30 s, and Flower knows it at once); the
+        # run stops after the restart wait, with round 3's checkpoint
         victim = wait_for_round(workdir, 4, timeout=600)
-        nodes.stop_node(victim)
+        nodes.stop_node(victim, signal.SIGTERM)
         thread.join(900)
         assert not thread.is_alive()
         error = str(outcome.get("error"))
-        assert f"of partition {victim} went away and no node came back for it within 5 s; it owed clients" in error, \
+        assert f"of partition {victim} went away and no node came back for it within 20 s; it owed clients" in error, \
             f"{error}\n{nodes.logs()}"
         checkpoints = tmp_path / "flower" / "quickstart" / "version_0" / "checkpoints"
         assert f"The run stopped after round 3, checkpoint {checkpoints / 'last.ckpt'}" in error

@@ -78,7 +78,8 @@ class LocalDeployment:
             "--node-config", f"partition-id={partition} num-partitions={self.nodes}"])
 
     def stop_node(self, partition: int, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to the SuperNode of ``partition`` and the processes it started (its process group)."""
+        """Send ``sig`` to the SuperNode of ``partition`` and the processes it started (its process group), and
+        wait for the SuperNode to end (``subprocess.TimeoutExpired`` after 30 s)."""
         _end(self.supernodes.pop(partition), sig)
 
     def __enter__(self) -> "LocalDeployment":
