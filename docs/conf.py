@@ -44,9 +44,11 @@ napoleon_numpy_docstring = False
 napoleon_use_ivar = True  # a dataclass's "Attributes:" and its fields are one entry, not two
 # Type hints name classes of other libraries (torch, Lightning) that this site has no inventory for.
 nitpick_ignore_regex = [(r"py:.*", r"(torch|lightning|torchmetrics|numpy|np|nn|L|jsonargparse|yaml|"
-                                   r"matplotlib|safetensors|collections|typing|pathlib|argparse|datetime|F|flwr)\..*"),
+                                   r"matplotlib|safetensors|collections|typing|pathlib|argparse|datetime|F|flwr|"
+                                   r"logging|multiprocessing)\..*"),
                         (r"py:.*", r"(Tensor|Path|Namespace|Any|Optional|Callable|Mapping|Sequence|Iterable|"
-                                   r"Iterator|Counter|Union|Module|Figure|Axes|ndarray|State|Backbone|Partition|Mode|Tensors|Reduce)")]
+                                   r"Iterator|Counter|Union|Module|Figure|Axes|ndarray|State|Backbone|Partition|Mode|Tensors|Reduce|"
+                                   r"RecordDict|Grid|Message|Run|NodeInfo|Connection)")]
 
 html_theme = "furo"
 html_title = "fedrcl"

@@ -155,26 +155,6 @@ def test_flower_payload_is_fedrcl_ledger_plus_npy_headers(runs, data_root, tmp_p
         np.testing.assert_array_equal(ledger, extra_bytes)  # SCAFFOLD: c and delta c_i, the parameters' bytes
 
 
-@pytest.mark.slow
-def test_localhost_deployment_gives_fit_weights(data_root, tmp_path):
-    """A SuperLink and 2 SuperNodes as real processes over HTTP on localhost, each SuperNode serving half
-    the clients, ``flwr run`` of ``examples/flower_app``: FedRCL's 2 rounds equal ``fedrcl fit``'s."""
-    run_cli(data_root, tmp_path / "fit", rounds=2)  # FedRCL, the quickstart's method
-    args = flower_args(data_root, tmp_path / "flower", "fedavg")
-    args[args.index("--model") + 1] = "fedrcl.algorithms.FedRCL"
-    args[args.index("--trainer.rounds") + 1] = "2"
-    with LocalDeployment(nodes=2, workdir=tmp_path / "deployment", env=FLOWER_ENV) as deployment:
-        deployment.run(args, timeout=420)  # its processes' groups are ended on leaving, whatever happens
-        logs = deployment.logs()
-    flower = tmp_path / "flower" / "quickstart" / "version_0"
-    assert (flower / "checkpoints" / "last.ckpt").is_file(), logs
-    fit = tmp_path / "fit" / "quickstart" / "version_0"
-    a, b = last_weights(fit), last_weights(flower)
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-    np.testing.assert_array_equal(load_scalars(flower)["val/acc_ema"][1], load_scalars(fit)["val/acc_ema"][1])
-
-
 @pytest.mark.parametrize("name", ["fedavg", "fedrcl_fedacg", "fedproc", "scaffold"])
 def test_fit_resumes_a_flower_run(runs, data_root, tmp_path, name):
     """``fedrcl fit --ckpt_path last`` continues a Flower run (FedACG: with the momentum the strategy kept;
