@@ -1,12 +1,12 @@
-"""A deployed node: its light ClientApp, its worker (the built run kept between messages), its configuration checked.
+"""A deployed node: its light ClientApp, its worker (the built run kept between messages), its configuration.
 
 - The ClientApp ``flwr run`` loads (``fedrcl.flower.clientapp``) imports no torch and refuses a bad node
   configuration, naming the key, before starting or building anything.
 - The worker's socket takes only its protocol (bytes: protobuf and JSON, never pickles) from a peer that knows
   its key; it exits with its SuperNode, on SIGTERM and when idle; a node's error comes back named.
-- On a localhost deployment (SuperLink and SuperNodes as processes): the weights are ``fedrcl fit``'s, each node
-  has one worker that builds the run once for all rounds; a node with a bad configuration stops the run at its
-  query within 30 s, named.
+- On a localhost deployment (SuperLink and SuperNodes as processes): the weights are ``fedrcl fit``'s, each
+  node has one worker that builds the run once for all rounds; a node with a bad configuration stops the run
+  at its query within 30 s, named.
 
 Every process is started in a session of its own with a timeout, and ended whatever happens.
 """
@@ -54,7 +54,8 @@ BAD = {  # node config -> what the refusal must name
 }
 
 
-def args_for(data_root: Path, save_dir: Path, rounds: int, model: str = "fedrcl.algorithms.FedRCL") -> list[str]:
+def args_for(data_root: Path, save_dir: Path, rounds: int, model: str = "fedrcl.algorithms.FedRCL"
+             ) -> list[str]:
     """``conftest.run_cli``'s fit arguments (without the subcommand)."""
     return ["--config", str(REPO / "configs" / "quickstart.yaml"), "--model", model,
             "--data.root", str(data_root), "--data.num_clients", "10", "--trainer.accelerator", "cpu",
@@ -70,10 +71,10 @@ def node_config(text: str) -> dict:
     return parse_config_args([text])
 
 
-# -- the light ClientApp ---------------------------------------------------------------------------------------
+# -- the light ClientApp -----------------------------------------------------------------------------------
 def test_a_bad_node_config_is_refused_by_the_light_clientapp_naming_the_key(tmp_path):
-    """Each bad configuration is refused at the ``query``, named, with no worker started, no state written, and
-    torch never imported (a fresh process: the ClientApp's)."""
+    """Each bad configuration is refused at the ``query``, named, with no worker started, no state written,
+    and torch never imported (a fresh process: the ClientApp's)."""
     (tmp_path / "file").write_text("")
     cases = {config.format(tmp=tmp_path): expected.format(tmp=tmp_path) for config, expected in BAD.items()}
     script = f"""
@@ -85,24 +86,27 @@ TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
 errors = {{}}
 for text, config in json.loads(sys.argv[1]).items():
     config.setdefault("state-dir", {str(tmp_path / "state")!r})
-    message = Message(RecordDict({{"fedrcl.run": ConfigRecord({{"args": []}})}}), dst_node_id=1, message_type="query")
+    content = RecordDict({{"fedrcl.run": ConfigRecord({{"args": []}})}})
+    context = Context(run_id=1, node_id=1, state=RecordDict(), run_config={{}}, node_config=config)
     try:
-        client_app(message, Context(run_id=1, node_id=1, state=RecordDict(), run_config={{}}, node_config=config))
+        client_app(Message(content, dst_node_id=1, message_type="query"), context)
     except Exception as error:
         errors[text] = f"{{type(error).__name__}}: {{error}}"
 print(json.dumps({{"errors": errors, "torch": "torch" in sys.modules}}))
 """
     configs = {text: node_config(text) for text in cases}
-    out = run_in_process_group([sys.executable, "-c", script, json.dumps(configs)], 120, tmp_path, {**os.environ, **ENV})
+    out = run_in_process_group([sys.executable, "-c", script, json.dumps(configs)], 120, tmp_path,
+                               {**os.environ, **ENV})
     result = json.loads(out.strip().splitlines()[-1])
     assert not result["torch"]
     for text, expected in cases.items():
         assert text in result["errors"], f"{text} was not refused"
-        assert result["errors"][text].startswith(f"NodeConfigError: node config {expected}"), result["errors"][text]
+        error = result["errors"][text]
+        assert error.startswith(f"NodeConfigError: node config {expected}"), error
     assert not list((tmp_path / "state").glob("worker-*"))
 
 
-# -- the worker's socket ---------------------------------------------------------------------------------------
+# -- the worker's socket -----------------------------------------------------------------------------------
 @contextmanager
 def watched() -> Iterator[subprocess.Popen]:
     """A process for a worker to watch (a stand-in SuperNode), ended on leaving."""
@@ -186,7 +190,8 @@ def test_the_worker_exits_with_its_supernode_on_sigterm_and_when_idle(tmp_path):
     """Its SuperNode's process ends, SIGTERM, ``worker-idle`` seconds without a message: the worker exits and
     removes its socket and key (its log stays)."""
     with watched() as node:
-        with a_worker(tmp_path / "worker-a", node.pid) as by_node, a_worker(tmp_path / "worker-b", node.pid) as by_term, \
+        with a_worker(tmp_path / "worker-a", node.pid) as by_node, \
+                a_worker(tmp_path / "worker-b", node.pid) as by_term, \
                 a_worker(tmp_path / "worker-c", node.pid, idle=1.0) as by_idle:
             os.kill(by_term, signal.SIGTERM)
             assert ended(by_term, 10)
@@ -218,16 +223,18 @@ def test_a_nodes_error_comes_back_named_and_the_run_is_built_once(data_root, tmp
     run = ConfigRecord({"args": args})
     folder = worker.folder_of(tmp_path / "state", os.getppid())
     try:
-        answer = client_app(Message(RecordDict({"fedrcl.run": run}), dst_node_id=1, message_type="query"), context)
-        assert dict(answer.content["fedrcl.clients"]) == {"clients": [1, 3, 5, 7, 9], "partition": 1, "partitions": 2}
+        answer = client_app(Message(RecordDict({"fedrcl.run": run}), dst_node_id=1, message_type="query"),
+                            context).content["fedrcl.clients"]
+        assert dict(answer) == {"clients": [1, 3, 5, 7, 9], "partition": 1, "partitions": 2}
         broken = {**start, "fc.bias": torch.zeros(3)}  # a shape the model does not have (nor broadcasts to)
 
         def train(round_idx: int, client: int, sent: dict) -> Message:
+            task = ConfigRecord({"round_idx": round_idx, "clients": [client]})
             content = RecordDict({"fedrcl.run": run, "fedrcl.sent": ArrayRecord.from_torch_state_dict(sent),
-                                  "fedrcl.round": ConfigRecord({"round_idx": round_idx, "clients": [client]})})
+                                  "fedrcl.round": task})
             return client_app(Message(content, dst_node_id=1, message_type="train"), context)
 
-        with pytest.raises(worker.WorkerError, match=r"ValueError: clients \[0\] are not served by this node"):
+        with pytest.raises(worker.WorkerError, match=r"ValueError: clients \[0\] are not served by this"):
             train(0, 0, start)
         with pytest.raises(worker.WorkerError, match=r"ClientError: client 1 \(round 1\): RuntimeError: "):
             train(0, 1, broken)
@@ -241,7 +248,7 @@ def test_a_nodes_error_comes_back_named_and_the_run_is_built_once(data_root, tmp
             os.kill(worker_pid(folder), signal.SIGTERM)
 
 
-# -- localhost deployments ------------------------------------------------------------------------------------
+# -- localhost deployments --------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_deployed_node_keeps_its_run_and_gives_fit_weights(data_root, tmp_path):
     """A SuperLink and 2 SuperNodes as processes, 3 rounds of FedRCL: ``fedrcl fit``'s weights, bitwise; each
@@ -251,7 +258,8 @@ def test_a_deployed_node_keeps_its_run_and_gives_fit_weights(data_root, tmp_path
     fit = run_cli(data_root, tmp_path / "fit", rounds=rounds)
     temp = tmp_path / "temp"  # the nodes' temp folder: their default state-dir, their workers' folders
     temp.mkdir()
-    with LocalDeployment(nodes=2, workdir=tmp_path / "deployment", env={**ENV, "TMPDIR": str(temp)}) as deployment:
+    env = {**ENV, "TMPDIR": str(temp)}
+    with LocalDeployment(nodes=2, workdir=tmp_path / "deployment", env=env) as deployment:
         deployment.run(args_for(data_root, tmp_path / "flower", rounds), timeout=600)
         logs = deployment.logs()
     last = torch.load(tmp_path / "flower" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt",
@@ -291,7 +299,8 @@ def _reader(stream, lines: list[tuple[float, str]]) -> threading.Thread:
 
 
 @contextmanager
-def superlink_with_nodes(workdir: Path, configs: list[str]) -> Iterator[tuple[dict, list[list[tuple[float, str]]]]]:
+def superlink_with_nodes(workdir: Path, configs: list[str]
+                         ) -> Iterator[tuple[dict, list[list[tuple[float, str]]]]]:
     """A SuperLink and one SuperNode per ``--node-config`` text on localhost: yields the environment of
     ``flwr`` (``FLWR_HOME`` names that SuperLink) and each node's output lines with their times. Every process
     group is ended on leaving."""
@@ -304,18 +313,19 @@ def superlink_with_nodes(workdir: Path, configs: list[str]) -> Iterator[tuple[di
     processes, outputs = [], []
     try:
         with open(workdir / "superlink.log", "w") as log:
-            processes.append(subprocess.Popen(["flower-superlink", "--insecure", "--port", str(port),
-                                               "--disable-runtime-dependency-installation"], cwd=workdir, env=env,
-                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            command = ["flower-superlink", "--insecure", "--port", str(port),
+                       "--disable-runtime-dependency-installation"]
+            processes.append(subprocess.Popen(command, cwd=workdir, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.monotonic() + 90
         while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
             assert time.monotonic() < deadline, (workdir / "superlink.log").read_text()
             time.sleep(0.2)
         for config in configs:
-            node = subprocess.Popen(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
-                                     "--port", str(free_port()), "--node-config", config], cwd=workdir, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    start_new_session=True)
+            command = ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+                       "--port", str(free_port()), "--node-config", config]
+            node = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
             processes.append(node)
             outputs.append([])
             _reader(node.stdout, outputs[-1])
@@ -326,17 +336,20 @@ def superlink_with_nodes(workdir: Path, configs: list[str]) -> Iterator[tuple[di
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bad", ["partition-id=2 num-partitions=2", "partition-id=1 num-partitions=2 data-root='{tmp}/missing'"])
+@pytest.mark.parametrize("bad", ["partition-id=2 num-partitions=2",
+                                 "partition-id=1 num-partitions=2 data-root='{tmp}/missing'"])
 def test_a_bad_node_is_refused_at_its_query_within_30_s_named(data_root, tmp_path, bad):
     """Two SuperNodes, one with a partition id out of range or a data root that does not exist: the run
     stops at that node's ``query``, within 30 s of the node receiving it (no worker started, nothing built),
     and ``flwr run``'s output names the key and its value."""
     bad = bad.format(tmp=tmp_path) + f" state-dir='{tmp_path}/bad-state'"
-    with superlink_with_nodes(tmp_path, ["partition-id=0 num-partitions=2", bad]) as (env, outputs):
-        run_config = f"fedrcl-args={json.dumps(shlex.join(absolute(args_for(data_root, tmp_path / 'runs', 1))))}"
-        proc = subprocess.Popen(["flwr", "run", str(APP), "localhost", "--stream", "--run-config", run_config],
-                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+    good = f"partition-id=0 num-partitions=2 state-dir='{tmp_path}/state'"
+    with superlink_with_nodes(tmp_path, [good, bad]) as (env, outputs):
+        fedrcl_args = shlex.join(absolute(args_for(data_root, tmp_path / "runs", 1)))
+        command = ["flwr", "run", str(APP), "localhost", "--stream", "--run-config",
+                   f"fedrcl-args={json.dumps(fedrcl_args)}"]
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
         lines: list[tuple[float, str]] = []
         reader = _reader(proc.stdout, lines)
         try:
