@@ -186,6 +186,19 @@ def test_the_worker_takes_only_its_protocol_from_a_peer_with_its_key(tmp_path):
         assert log.count("refused a request") == 3 and "refused a connection: AuthenticationError" in log
 
 
+def test_a_state_dir_too_long_for_a_unix_socket_gets_a_private_short_one(tmp_path):
+    folder = tmp_path / ("long" * 20) / "worker-1"
+    with watched() as node, a_worker(folder, node.pid) as pid:
+        address = worker.socket_path(folder)
+        assert len(str(address)) < 100 and address.is_socket()
+        assert address.parent.stat().st_mode & 0o777 == 0o700
+        with worker.connect(folder) as connection:
+            assert connection is not None
+        os.kill(pid, signal.SIGTERM)
+        assert ended(pid, 10)
+    assert not address.exists()
+
+
 def test_the_worker_exits_with_its_supernode_on_sigterm_and_when_idle(tmp_path):
     """Its SuperNode's process ends, SIGTERM, ``worker-idle`` seconds without a message: the worker exits and
     removes its socket and key (its log stays)."""

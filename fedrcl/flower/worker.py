@@ -65,15 +65,21 @@ def folder_of(state_dir: Path, watch: int) -> Path:
 
 def socket_path(folder: Path) -> Path:
     """The worker's socket: in its folder, or, where that path is too long for a Unix socket (108 bytes),
-    in a folder of this user's under the temp folder, named by a hash of the worker's folder."""
+    in a private folder of this user's under the temp folder (or ``/tmp``), named by a hash of the worker's
+    folder."""
     inside = folder / "socket"
     if len(os.fsencode(inside)) < 100:
         return inside
-    short = Path(tempfile.gettempdir()) / f"fedrcl-workers-{os.getuid()}"
+    name = hashlib.sha256(os.fsencode(folder.resolve())).hexdigest()[:24] + ".sock"
+    private = f"fedrcl-workers-{os.getuid()}"
+    short = next((base / private for base in (Path(tempfile.gettempdir()), Path("/tmp"))
+                  if len(os.fsencode(base / private / name)) < 100), None)
+    if short is None:
+        raise WorkerError(f"no Unix socket path short enough for the worker of {folder}: set TMPDIR shorter")
     short.mkdir(mode=0o700, exist_ok=True)
     if short.stat().st_uid != os.getuid() or short.stat().st_mode & 0o077:
         raise WorkerError(f"{short}: not a private folder of this user (mode 0700); no socket put there")
-    return short / (hashlib.sha256(os.fsencode(folder.resolve())).hexdigest()[:24] + ".sock")
+    return short / name
 
 
 @contextmanager
