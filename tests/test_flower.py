@@ -83,9 +83,20 @@ def runs(data_root, tmp_path_factory):
     script = ("import json, sys; from fedrcl.flower.simulation import simulate; "
               "runs = json.loads(sys.argv[1]); simulate(runs[0], more=runs[1:])")
     every = [flower_args(data_root, tmp / "flower" / name, name) for name in METHODS]
-    run_process([sys.executable, "-c", script, json.dumps(every)], timeout=600, cwd=tmp)
+    out = run_process([sys.executable, "-c", script, json.dumps(every)], timeout=600, cwd=tmp).stdout
+    (tmp / "simulation.log").write_text(out)
     return {name: (tmp / "fit" / name / "quickstart" / "version_0",
                    tmp / "flower" / name / "quickstart" / "version_0") for name in METHODS}
+
+
+def test_the_simulation_log_is_one_line_per_round_without_noise(runs):
+    """A redirected ``simulate`` log: fedrcl's line per round, no colour codes, no metric dumps, no notice that
+    ``run_simulation`` is deprecated."""
+    log = (runs["fedavg"][1].parents[3] / "simulation.log").read_text()
+    assert "\x1b[" not in log
+    assert "MetricRecord" not in log and "Final results" not in log and "deprecated" not in log
+    for done in range(1, ROUNDS + 1):
+        assert log.count(f"Round {done}/{ROUNDS}  val/acc") == len(METHODS), log[-3000:]
 
 
 def last_weights(run: Path) -> dict[str, torch.Tensor]:

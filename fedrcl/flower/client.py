@@ -36,11 +36,13 @@ on Flower or with ``fedrcl fit`` on the same machine, reads the files as of that
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import zlib
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import update_console_handler
 
 from fedrcl.federated.client_state import ClientStateStore
 from fedrcl.federated.local_update import LocalUpdate
@@ -50,6 +52,8 @@ from fedrcl.flower.config import build, client_args
 
 _PROCESS: dict[tuple, LocalUpdate] = {}  # this process's client machinery, per (run, args, state dir)
 log = logging.getLogger(__name__)
+# Flower's log in this process (a Ray actor, a node's worker): colour codes on a terminal only
+update_console_handler(colored=sys.stderr.isatty())
 
 
 class ClientError(RuntimeError):

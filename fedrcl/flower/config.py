@@ -9,6 +9,7 @@ per-client state files).
 """
 from __future__ import annotations
 
+import os
 import shlex
 import warnings
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,11 @@ from fedrcl.algorithms import FedAvg
 from fedrcl.cli import FedRCLCLI, FedRCLParser
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.federated.trainer import FederatedTrainer
+
+# Lightning's CLI (building the run, saving its config) calls jsonargparse APIs that jsonargparse deprecated;
+# Ray's and Flower's processes show such warnings, which Python hides by default (as in ``fedrcl fit``).
+# Not the user's to act on: jsonargparse's own switch, read when it warns, unless the user set it.
+os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
 
 Args = Union[str, Sequence[str]]
 RUN_ARGS_KEY = "fedrcl-args"  # the Flower run config key holding fedrcl's arguments (``flwr run``)

@@ -28,6 +28,7 @@ from fedrcl.flower.config import Args, as_args
 
 APP = Path(__file__).resolve().parents[2] / "examples" / "flower_app"
 QUIET = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+PROMPT = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}  # a node's ClientApp starts within 0.1 s of a message
 
 
 def free_port() -> int:
@@ -58,7 +59,7 @@ class LocalDeployment:
         self.nodes, self.run_config = nodes, dict(run_config or {})
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fedrcl-flower-"))
         self.port = free_port()
-        self.env = {**os.environ, **QUIET, **(env or {}), "FLWR_HOME": str(self.workdir / "flwr_home")}
+        self.env = {**os.environ, **QUIET, **PROMPT, **(env or {}), "FLWR_HOME": str(self.workdir / "flwr_home")}
         self.processes: list[subprocess.Popen] = []
         self.supernodes: dict[int, subprocess.Popen] = {}  # partition -> its SuperNode now
 

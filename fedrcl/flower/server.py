@@ -46,14 +46,15 @@ from fedrcl.flower.strategy import FedrclStrategy
 
 
 class MetricDumps(logging.Filter):
-    """Drops Flower's per-round dumps of every metric (a 40-line dict per round on the quickstart): fedrcl
-    logs one line per round instead (``round_line``), the numbers being in the run folder's scalars."""
+    """Drops Flower's dumps of every metric (a 40-line dict per round on the quickstart, and every round's
+    again at the end, one line each): fedrcl logs one line per round instead (``round_line``), the numbers
+    being in the run folder's scalars."""
 
     DUMPS = ("\t└──> Aggregated MetricRecord", "\t└──> MetricRecord", "Global evaluation",
-             "Initial global evaluation results")
+             "Initial global evaluation results", "Final results:")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.DUMPS)
+        return record.msg != "\t%s" and not str(record.msg).startswith(self.DUMPS)
 
 
 def quiet_flower_log() -> None:

@@ -42,6 +42,9 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
                                                 "num_gpus": 0.0}
     server_app = make_server_app(args, timeout=round_timeout, more=[as_args(m) for m in more])
     update_console_handler(colored=sys.stderr.isatty())  # no colour codes in a redirected log
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # Ray's "(ClientAppActor pid=...)" prefix, uncoloured
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # Ray's own FutureWarning's advice
     quiet_flower_log()
     deprecation = DeprecatedOnPurpose()
     FLOWER_LOGGER.addFilter(deprecation)
