@@ -78,6 +78,15 @@ class FedAvg(ClientExchange, L.LightningModule):
         self.client: Optional[ClientContext] = None
         self.stack: Optional[StackedClients] = None  # the round's clients while they train batched (``StackedClients``)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """An attribute already set to a plain value (not a tensor or module) is set directly: Lightning writes
+        ``_current_fx_name`` twice per hook call, about 44 times per step, and ``nn.Module.__setattr__``, which
+        would end there too, first checks for parameters, buffers and submodules (2.4 us a call)."""
+        if name in self.__dict__ and not isinstance(value, (Tensor, nn.Module)):
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     backbone: nn.Module
     # Batched clients (``trainer.client_batching``): tensor attributes that ``on_client_start`` sets per
     # client and ``client_loss`` reads (stacked on a client axis when clients train together); a reason
@@ -138,6 +147,11 @@ class FedAvg(ClientExchange, L.LightningModule):
             loss, parts["server"] = loss + server_term, server_term
         return loss, parts
 
+    def on_train_epoch_start(self) -> None:
+        self._round_loss_sums: dict[str, Tensor] = {}
+        self._round_parts: Optional[tuple[str, ...]] = None  # the part names the sums hold, in order
+        self._round_steps = 0
+
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         stacked = self.stack
@@ -146,15 +160,22 @@ class FedAvg(ClientExchange, L.LightningModule):
         else:  # every client's step at once: losses [K]; their sum has each client's own gradient
             loss, parts = stacked.losses(x, y)
             loss, parts = loss.sum(), {k: v.sum() for k, v in parts.items()}
-        # Summed on the device and logged once per round: per-step self.log calls cost more than a CNN step.
-        for key, value in (("loss", loss), *((f"loss_{k}", v) for k, v in parts.items())):
-            self._round_loss_sums[key] = self._round_loss_sums.get(key, 0.0) + value.detach()
+        self._add_round_losses(loss, parts)
         self._round_steps += 1 if stacked is None else len(stacked)
         return loss
 
-    def on_train_epoch_start(self) -> None:
-        self._round_loss_sums: dict[str, Tensor] = {}
-        self._round_steps = 0
+    def _add_round_losses(self, loss: Tensor, parts: dict[str, Tensor]) -> None:
+        """Add a step's loss and its parts to the round's sums (``loss``, ``loss_<part>``), on the device: they
+        are logged once per round, as per-step ``self.log`` calls cost more than a CNN step. A step with the
+        parts the sums hold, in their order (every step after a round's first), is one fused in-place add."""
+        sums = self._round_loss_sums
+        with torch.no_grad():
+            if tuple(parts) == self._round_parts:
+                torch._foreach_add_(list(sums.values()), [loss, *parts.values()])
+                return
+            for key, value in (("loss", loss), *((f"loss_{k}", v) for k, v in parts.items())):
+                sums[key] = sums[key] + value if key in sums else value + 0.0
+        self._round_parts = tuple(key.removeprefix("loss_") for key in sums)[1:]  # "loss" is the first key
 
     def on_train_epoch_end(self) -> None:
         # With several processes: the sums and step counts of all of them (a mean over all the round's steps).

@@ -54,8 +54,8 @@ class FedCL(FedAvg):
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         b = len(y) // 2
         ce = F.cross_entropy(out.logits[:b], y[:b])
-        nce = torch.stack([info_nce(out.features[l][:b], out.features[l][b:], self.temperature)
-                           for l in self.levels])
-        parts = {"ce": ce, "infonce": nce.mean()}
-        parts.update({f"infonce_level{l}": v for l, v in zip(self.levels, nce)})
-        return ce + self.weight * nce.mean(), parts
+        per_level = [info_nce(out.features[l][:b], out.features[l][b:], self.temperature) for l in self.levels]
+        nce = torch.stack(per_level).mean()
+        parts = {"ce": ce, "infonce": nce}
+        parts.update({f"infonce_level{l}": v for l, v in zip(self.levels, per_level)})
+        return ce + self.weight * nce, parts

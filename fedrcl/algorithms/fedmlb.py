@@ -78,6 +78,6 @@ class FedMLB(GlobalTeacherClient):
         branches = [forward_from(teacher, k, h) for k, h in enumerate(self._maps)]
         self._maps = []
         hybrid_ce, hybrid_kl = hybrid_branch_losses(out.logits, branches, y, self.temperature)
-        loss = ce + self.hybrid_ce_weight * hybrid_ce.mean() + self.hybrid_kd_weight * hybrid_kl.mean()
-        parts = {"ce": ce, "hybrid_ce": hybrid_ce.mean(), "hybrid_kd": hybrid_kl.mean()}
-        return loss, parts
+        branch_ce, branch_kd = hybrid_ce.mean(), hybrid_kl.mean()
+        loss = ce + self.hybrid_ce_weight * branch_ce + self.hybrid_kd_weight * branch_kd
+        return loss, {"ce": ce, "hybrid_ce": branch_ce, "hybrid_kd": branch_kd}

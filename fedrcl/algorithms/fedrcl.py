@@ -60,10 +60,10 @@ class FedRCL(FedAvg):
         scls, penalties = zip(*(relaxed_contrastive_terms(
             out.features[l], y, temperature=self.temperature, threshold=self.threshold,
             pos_topk=self.pos_topk, neg_topk=self.neg_topk) for l in self.levels))
-        scl, penalty = torch.stack(scls), torch.stack(penalties)
-        loss = ce + scl.mean() + self.beta * penalty.mean()
-        parts = {"ce": ce, "scl": scl.mean(), "penalty": penalty.mean()}
-        for l, s, p in zip(self.levels, scl, penalty):
+        scl, penalty = torch.stack(scls).mean(), torch.stack(penalties).mean()
+        loss = ce + scl + self.beta * penalty
+        parts = {"ce": ce, "scl": scl, "penalty": penalty}
+        for l, s, p in zip(self.levels, scls, penalties):
             parts[f"scl_level{l}"], parts[f"penalty_level{l}"] = s, p
         return loss, parts
 

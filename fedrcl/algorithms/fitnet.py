@@ -38,6 +38,7 @@ class FitNet(GlobalTeacherClient):
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)
         hints = hint_losses(out.features, self.teacher(x).features)
-        parts = {"ce": ce, "hint": hints.mean()}
+        hint = hints.mean()
+        parts = {"ce": ce, "hint": hint}
         parts.update({f"hint_level{l}": h for l, h in enumerate(hints)})
-        return ce + self.hint_weight * hints.mean(), parts
+        return ce + self.hint_weight * hint, parts

@@ -145,11 +145,24 @@ class RoundReport:
 
 class RoundProgressBar(RoundReport, TQDMProgressBar):
     """Lightning's progress bar, labelled by round (and never by Lightning's 0-based epoch), with the run's
-    elapsed time and time left."""
+    elapsed time and time left; redrawn at most every ``REDRAW_SECONDS`` and at each round's last step."""
+
+    REDRAW_SECONDS = 0.1
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.clock = RunClock()
+        self._redrawn = float("-inf")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """Lightning's redraw, throttled: at every step it formats the bar and its metrics (about 840 Python
+        calls a step, where the rest of Lightning's step loop makes about 1,500), faster than anyone reads."""
+        bar, now = self.train_progress_bar, time.perf_counter()
+        if bar is not None and batch_idx + 1 < bar.total and now - self._redrawn < self.REDRAW_SECONDS:
+            return
+        self._redrawn = now
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         TQDMProgressBar.on_train_start(self, trainer, pl_module)

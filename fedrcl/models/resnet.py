@@ -94,17 +94,16 @@ class ResNet18(LevelBackbone):
         self.bn1 = nn.GroupNorm(norm_groups, width)
         channels = [width, 2 * width, 4 * width, 8 * width]
         strides = [1, 2, 2, 2]
-        stages = []
+        stages: list[list[BasicBlock]] = []
         prev = width
         for ch, stride in zip(channels, strides):
-            stages.append(
-                nn.Sequential(
-                    BasicBlock(prev, ch, stride=stride, norm_groups=norm_groups),
-                    BasicBlock(ch, ch, stride=1, norm_groups=norm_groups),
-                )
-            )
+            stages.append([BasicBlock(prev, ch, stride=stride, norm_groups=norm_groups),
+                           BasicBlock(ch, ch, stride=1, norm_groups=norm_groups)])
             prev = ch
-        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.layer1, self.layer2, self.layer3, self.layer4 = (nn.Sequential(*blocks) for blocks in stages)
+        # Each stage's leading blocks and its last block (whose pre-activation is the stage's level), kept once:
+        # slicing an nn.Sequential builds a new module at every call (10 us, per stage and step).
+        self._level_blocks = [(tuple(blocks[:-1]), blocks[-1]) for blocks in stages]
         self.fc = nn.Linear(prev, num_classes)
         self.feature_dims: list[int] = [width, *channels]
 
@@ -127,11 +126,9 @@ class ResNet18(LevelBackbone):
         pre = self.bn1(self.conv1(x))
         features.append(_gap(pre))
         out = torch.relu(pre)
-        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
-            for block in stage[:-1]:
+        for blocks, last in self._level_blocks:
+            for block in blocks:
                 out = block(out)
-            last = stage[-1]
-            assert isinstance(last, BasicBlock)
             pre = last.forward_preact(out)
             features.append(_gap(pre))
             out = torch.relu(pre)
@@ -146,11 +143,9 @@ class ResNet18(LevelBackbone):
         """
         if level == 0:
             return self.bn1(self.conv1(h))
-        stage = (self.layer1, self.layer2, self.layer3, self.layer4)[level - 1]
-        for block in stage[:-1]:
+        blocks, last = self._level_blocks[level - 1]
+        for block in blocks:
             h = block(h)
-        last = stage[-1]
-        assert isinstance(last, BasicBlock)
         return last.forward_preact(h)
 
     def forward_head(self, h: Tensor) -> Tensor:

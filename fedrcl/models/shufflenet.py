@@ -104,14 +104,16 @@ class ShuffleNetV1(LevelBackbone):
         self.groups, self.norm_groups = groups, norm_groups
 
         self.stem = nn.Sequential(nn.Conv2d(in_channels, _STEM, 3, padding=1), nn.GroupNorm(norm_groups, _STEM))
-        stages = []
+        stages: list[list[ShuffleUnit]] = []
         prev = _STEM
         for out, repeats in zip(widths, _REPEATS):
-            units = [ShuffleUnit(prev if i == 0 else out, out, 2 if i == 0 else 1, groups, norm_groups)
-                     for i in range(repeats)]
-            stages.append(nn.Sequential(*units))
+            stages.append([ShuffleUnit(prev if i == 0 else out, out, 2 if i == 0 else 1, groups, norm_groups)
+                           for i in range(repeats)])
             prev = out
-        self.stages = nn.ModuleList(stages)
+        self.stages = nn.ModuleList(nn.Sequential(*units) for units in stages)
+        # Each stage's leading units and its last unit (whose pre-activation is the stage's level), kept once:
+        # slicing an nn.Sequential builds a new module at every call.
+        self._level_units = [(tuple(units[:-1]), units[-1]) for units in stages]
         self.fc = nn.Linear(prev, num_classes)
         self.feature_dims: list[int] = [_STEM, *widths]
 
@@ -123,12 +125,9 @@ class ShuffleNetV1(LevelBackbone):
         """
         if level == 0:
             return self.stem(h)
-        stage = self.stages[level - 1]
-        assert isinstance(stage, nn.Sequential)
-        for unit in stage[:-1]:
+        units, last = self._level_units[level - 1]
+        for unit in units:
             h = unit(h)
-        last = stage[-1]
-        assert isinstance(last, ShuffleUnit)
         return last.forward_preact(h)
 
     def forward_head(self, h: Tensor) -> Tensor:
