@@ -11,7 +11,13 @@ own time per round changed most; fedrcl's and Lightning's functions by own time;
 functions by cumulative time per round with the callers they are reached from.
 cProfile slows Python-heavy code more than kernels: read the columns against each other, not as wall time.
 
+``--per-step`` prints instead what does not depend on the machine's load: per local step of a round (the
+second), the Python calls (cProfile) and the operator events (``torch.profiler``) of both versions and of
+``round_overhead``'s raw loop, FedAvg and FedRCL. The framework's round is counted from the method's own
+round hooks (no extra callback), the raw loop's as two rounds less one.
+
     OMP_NUM_THREADS=1 python bench/profile_round.py [--against 9169a0a] [--method FedRCL] [--rounds 4]
+    OMP_NUM_THREADS=1 python bench/profile_round.py --per-step [--against 9169a0a]
 """
 from __future__ import annotations
 
@@ -28,8 +34,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import lightning as L
+from torch.profiler import ProfilerActivity, profile
 
-from round_overhead import write_fake_cifar
+from round_overhead import raw_rounds, write_fake_cifar
 
 REPO = Path(__file__).resolve().parents[1]
 FRAMEWORK = ("fedrcl/", "lightning/pytorch/loops/", "lightning/pytorch/trainer/", "lightning/pytorch/core/")
@@ -92,6 +99,84 @@ def profile_rounds(root: Path, data: Path, method: str, rounds: int) -> tuple[ps
     return pstats.Stats(profile), callback.rounds
 
 
+STEPS = 250  # local steps per round of the workload: 5 clients x 5 local epochs x 10
+
+
+class Count:
+    """Python calls (``kind="calls"``, cProfile) or operator events (``"ops"``, torch.profiler) between
+    ``start`` and ``stop``."""
+
+    def __init__(self, kind: str):
+        self.kind, self.total = kind, 0
+
+    def start(self) -> None:
+        self._profile = cProfile.Profile() if self.kind == "calls" else profile(activities=[ProfilerActivity.CPU])
+        self._profile.enable() if self.kind == "calls" else self._profile.__enter__()
+
+    def stop(self) -> None:
+        if self.kind == "calls":
+            self._profile.disable()
+            self.total += sum(row[1] for row in pstats.Stats(self._profile).stats.values())
+        else:
+            self._profile.__exit__(None, None, None)
+            self.total += len(self._profile.events())
+
+
+def framework_count(root: Path, data: Path, method: str, kind: str) -> float:
+    """``kind`` per step of the framework's second round (``fedrcl`` imported from ``root``), counted from
+    the method's own round hooks."""
+    _, trainer_module = import_fedrcl(root)
+    algorithms = importlib.import_module("fedrcl.algorithms")
+    models = importlib.import_module("fedrcl.models")
+    datamodule = importlib.import_module("fedrcl.data.datamodule")
+    count = Count(kind)
+
+    class Counted(getattr(algorithms, method)):
+        def on_train_epoch_start(self):
+            super().on_train_epoch_start()
+            if self.trainer.current_epoch == 1:
+                count.start()
+
+        def on_train_epoch_end(self):
+            if self.trainer.current_epoch == 1:
+                count.stop()
+            super().on_train_epoch_end()
+
+    L.seed_everything(0, verbose=False)
+    dm = datamodule.FederatedDataModule(dataset="cifar10", root=str(data), num_clients=50, partition="iid",
+                                        batch_size=50, local_iters_per_epoch=10)
+    trainer = trainer_module.FederatedTrainer(
+        rounds=2, clients_per_round=5, local_epochs=5, eval_every=10 ** 6, accelerator="cpu", devices=1,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0)
+    trainer.fit(Counted(backbone=models.SmallCNN, num_classes=10), datamodule=dm)
+    return count.total / STEPS
+
+
+def raw_count(data: Path, rcl: bool, kind: str) -> float:
+    """``kind`` per step of one round of ``round_overhead``'s raw loop: two rounds less one."""
+    totals = []
+    for rounds in (2, 1):
+        count = Count(kind)
+        count.start()
+        raw_rounds(rcl, data, "cpu", rounds)
+        count.stop()
+        totals.append(count.total)
+    return (totals[0] - totals[1]) / STEPS
+
+
+def per_step(roots: dict[str, Path], data: Path) -> None:
+    print("Per local step (one round), framework and raw loop: Python calls and operator events, and the "
+          "framework's extra over the raw loop")
+    print(f"{'':18}{'calls':>8}{'extra':>8}{'ops':>8}{'extra':>8}")
+    for method in ("FedAvg", "FedRCL"):
+        raw = {kind: raw_count(data, method == "FedRCL", kind) for kind in ("calls", "ops")}
+        for version, root in roots.items():
+            fw = {kind: framework_count(root, data, method, kind) for kind in ("calls", "ops")}
+            print(f"{version + ' ' + method:18}" + "".join(f"{fw[k]:8.0f}{fw[k] - raw[k]:+8.0f}" for k in fw))
+        print(f"{'raw ' + method:18}{raw['calls']:8.0f}{'':8}{raw['ops']:8.0f}", flush=True)
+
+
 def where(filename: str) -> str:
     """A file path shortened to its package-relative form, the same for both versions."""
     path = filename.replace("\\", "/")
@@ -140,6 +225,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="rounds per run (the first is not profiled)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each version, alternating")
     parser.add_argument("--top", type=int, default=20, help="rows per table")
+    parser.add_argument("--per-step", action="store_true", help="count calls and operator events per step")
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be >= 2 (the first round is a warm-up)")
@@ -148,6 +234,9 @@ def main() -> None:
         tmp = Path(tmp)
         write_fake_cifar(tmp)
         roots = {"old": extract(args.against, tmp), "new": REPO}
+        if args.per_step:
+            per_step(roots, tmp)
+            return
         for repeat in range(args.repeats):
             for version in (("old", "new") if repeat % 2 == 0 else ("new", "old")):
                 stats, rounds = profile_rounds(roots[version], tmp, args.method, args.rounds)
