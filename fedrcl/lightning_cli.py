@@ -191,6 +191,13 @@ class FedRCLCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        for key in ("optimizer", "lr_scheduler"):  # LightningCLI's; kept so that saved configs still parse
+            if config.get(key) is not None:
+                raise ValueError(
+                    f"{key}: fedrcl builds each client's optimizer itself (SGD from --model.init_args.lr, "
+                    f"momentum, weight_decay; the lr per round from lr_decay and local_lr_decay) and the "
+                    f"server's from --trainer.server; LightningCLI's --optimizer / --lr_scheduler would replace "
+                    f"the client optimizer for the whole run, so they must stay null (got {config[key]})")
         if config.get("torch_threads") is not None:
             if config.torch_threads < 1:
                 raise ValueError(f"torch_threads must be >= 1 or null, got {config.torch_threads}")

@@ -196,6 +196,9 @@ SHORT_CASES = [  # (arguments, the message, exit status): values, files, checkpo
     (["--data.batch_size", "500"], "data.batch_size=500 is larger than client", 1),
     (["--trainer.clients_per_round", "20"], "trainer.clients_per_round=20 exceeds data.num_clients=10", 1),
     (["--torch_threads", "0"], "torch_threads must be >= 1 or null, got 0", 1),
+    # LightningCLI's optimizer arguments would replace fedrcl's client optimizer for the whole run
+    (["--optimizer", "Adam"], "fedrcl: error: optimizer: fedrcl builds each client's optimizer itself", 1),
+    (["--lr_scheduler", "ExponentialLR", "--lr_scheduler.gamma", "0.9"], "fedrcl: error: lr_scheduler: fedrcl", 1),
     (["--ckpt_path", "last"], "--ckpt_path last: nothing to resume under", 1),
     (["--ckpt_path", "nowhere.ckpt"], "--ckpt_path nowhere.ckpt: no such file", 1),
     (["--trainer.max_epochs", "3"], "trainer.max_epochs is set by fedrcl's round loop: use trainer.rounds", 2),
