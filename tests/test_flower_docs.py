@@ -3,8 +3,10 @@
 The ``bash`` block of "A deployment on localhost" is run with bash in a scratch folder that looks like the
 repository root (``configs`` and ``examples`` linked), with a timeout; every process it started is ended
 on leaving, whatever happens. Its run (FedRCL, the shrunk quickstart, 2 rounds, two SuperNodes under their
-restart loops) must end with the final weights of ``fedrcl fit`` on the same arguments, bitwise, and the
-stop step must leave no process behind.
+restart loops) must end with the final weights of ``fedrcl fit`` on the same arguments, bitwise; each node
+must have run one worker (the same process in every round) that built the run once, at the query, and
+answered one ``train`` message per round in which the node had clients; the stop step must leave no process
+behind.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ pytest.importorskip("flwr", reason="Flower is an optional extra: pip install -e 
 from conftest import REPO, run_cli  # noqa: E402
 from test_flower import FLOWER_ENV, last_weights  # noqa: E402
 
+from fedrcl.federated.sampling import sample_clients  # noqa: E402
+
 
 def deployment_block() -> str:
     text = (REPO / "docs" / "flower.md").read_text()
@@ -34,7 +38,7 @@ def still_running(pattern: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_deployment_block_runs_as_pasted_with_fits_weights(data_root, tmp_path):
+def test_the_deployment_block_runs_as_pasted_with_fits_weights_and_one_worker_per_node(data_root, tmp_path):
     run_cli(data_root, tmp_path / "fit", rounds=2)  # FedRCL, the quickstart's method, the block's settings
     root = tmp_path / "repo"
     root.mkdir()
@@ -42,7 +46,10 @@ def test_the_deployment_block_runs_as_pasted_with_fits_weights(data_root, tmp_pa
         (root / name).symlink_to(REPO / name)
     script = root / "deploy.sh"
     script.write_text("set -e\n" + deployment_block())
-    proc = subprocess.Popen(["bash", str(script)], cwd=root, env={**os.environ, **FLOWER_ENV},
+    temp = tmp_path / "temp"  # the nodes' temp folder: their default state-dir, their workers' folders
+    temp.mkdir()
+    env = {**os.environ, **FLOWER_ENV, "TMPDIR": str(temp)}
+    proc = subprocess.Popen(["bash", str(script)], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=600)
@@ -59,3 +66,13 @@ def test_the_deployment_block_runs_as_pasted_with_fits_weights(data_root, tmp_pa
     for key in fit:
         assert torch.equal(fit[key], flower[key]), key
     assert not still_running("superlink 127.0.0.1:39092"), "the stop step left SuperNodes running"
+    workers = sorted((temp / "fedrcl-flower").glob("worker-*/worker.log"))
+    assert len(workers) == 2, out[-4000:]
+    sampled = [sample_clients(10, 3, 0, r) for r in range(2)]
+    for log in workers:
+        text = log.read_text()
+        assert text.count("serves SuperNode") == 1 and text.count("built the client run") == 1, text
+        assert text.count("query message of run") == 1, text
+        partition = int(re.findall(r"partition (\d) of 2", text)[0])
+        with_clients = sum(any(k % 2 == partition for k in clients) for clients in sampled)
+        assert text.count("train message of run") == with_clients, text

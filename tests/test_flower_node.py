@@ -4,9 +4,10 @@
   configuration, naming the key, before starting or building anything.
 - The worker's socket takes only its protocol (bytes: protobuf and JSON, never pickles) from a peer that knows
   its key; it exits with its SuperNode, on SIGTERM and when idle; a node's error comes back named.
-- On a localhost deployment (SuperLink and SuperNodes as processes): the weights are ``fedrcl fit``'s, each
-  node has one worker that builds the run once for all rounds; a node with a bad configuration stops the run
-  at its query within 30 s, named.
+- On a localhost deployment (SuperLink and SuperNodes as processes): a node with a bad configuration stops
+  the run at its query within 30 s, named. (That a deployed node's weights are ``fedrcl fit``'s and that each
+  node's worker builds the run once for all rounds is checked on the docs' deployment block,
+  ``tests/test_flower_docs.py``.)
 
 Every process is started in a session of its own with a timeout, and ended whatever happens.
 """
@@ -35,10 +36,9 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # read when flwr is import
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 pytest.importorskip("flwr", reason="Flower is an optional extra: pip install -e '.[flower]'")
 
-from conftest import REPO, run_cli, run_in_process_group  # noqa: E402
-from fedrcl.federated.sampling import sample_clients  # noqa: E402
+from conftest import REPO, run_in_process_group  # noqa: E402
 from fedrcl.flower import worker  # noqa: E402
-from fedrcl.flower.localhost import APP, QUIET, LocalDeployment, absolute, free_port  # noqa: E402
+from fedrcl.flower.localhost import APP, QUIET, absolute, free_port  # noqa: E402
 
 ENV = {**QUIET, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 BAD = {  # node config -> what the refusal must name
@@ -263,36 +263,6 @@ def test_a_nodes_error_comes_back_named_and_the_run_is_built_once(data_root, tmp
 
 
 # -- localhost deployments --------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_a_deployed_node_keeps_its_run_and_gives_fit_weights(data_root, tmp_path):
-    """A SuperLink and 2 SuperNodes as processes, 3 rounds of FedRCL: ``fedrcl fit``'s weights, bitwise; each
-    node ran one worker (the same process in every round) that built the run once, at the query, and
-    answered one ``train`` message per round in which the node had clients."""
-    rounds = 3
-    fit = run_cli(data_root, tmp_path / "fit", rounds=rounds)
-    temp = tmp_path / "temp"  # the nodes' temp folder: their default state-dir, their workers' folders
-    temp.mkdir()
-    env = {**ENV, "TMPDIR": str(temp)}
-    with LocalDeployment(nodes=2, workdir=tmp_path / "deployment", env=env) as deployment:
-        deployment.run(args_for(data_root, tmp_path / "flower", rounds), timeout=600)
-        logs = deployment.logs()
-    last = torch.load(tmp_path / "flower" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt",
-                      map_location="cpu", weights_only=True)["state_dict"]
-    expected = fit.model.state_dict()
-    for key, value in last.items():
-        assert torch.equal(value, expected[key]), key
-    workers = sorted((temp / "fedrcl-flower").glob("worker-*/worker.log"))
-    assert len(workers) == 2, logs
-    sampled = [sample_clients(10, 3, 0, r) for r in range(rounds)]
-    for log in workers:
-        text = log.read_text()
-        assert text.count("serves SuperNode") == 1 and text.count("built the client run") == 1, text
-        assert text.count("query message of run") == 1, text
-        partition = int(re.findall(r"partition (\d) of 2", text)[0])
-        with_clients = sum(any(k % 2 == partition for k in clients) for clients in sampled)
-        assert text.count("train message of run") == with_clients, text
-
-
 def end_group(proc: subprocess.Popen) -> None:
     """End ``proc``'s process group (a SuperNode's SuperExec and ClientApps with it)."""
     try:
