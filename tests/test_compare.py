@@ -68,3 +68,26 @@ def test_long_horizon_table_in_the_docs_is_what_the_committed_runs_say(tmp_path,
     for row in rows:
         assert row in docs, row
     assert (tmp_path / "long.png").stat().st_size > 10_000
+
+
+def test_width8_seed_progress_in_cpu_runs_readme_is_what_the_committed_runs_say():
+    """bench/seed_pairs.py on the committed width-8 runs (seed 0 and issue 34's seeds) prints the per-run rows and
+    the paired EMA differences of docs/cpu_runs/README.md's progress table."""
+    runs = REPO / "docs" / "cpu_runs"
+    readme = (runs / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("# Long CPU runs: ResNet-18-GN width 8, seeds 1 and 2"):]
+    header = next(line for line in section.splitlines() if line.startswith("| method | seed | round "))
+    rounds = [cell.removeprefix("round ") for cell in header.strip("|").split(" | ")[2:-1]]
+    cmd = [sys.executable, str(REPO / "bench" / "seed_pairs.py"),
+           f"FedAvg={runs / 'r8_fedavg'},{runs / 'r8_seeds' / 'fedavg'}",
+           f"FedRCL={runs / 'r8_fedrcl'},{runs / 'r8_seeds' / 'fedrcl'}", "--rounds", *rounds]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    rows = [line for line in lines if line.startswith(("| FedAvg | 0", "| FedAvg | 1", "| FedAvg | 2",
+                                                        "| FedRCL | 0", "| FedRCL | 1", "| FedRCL | 2"))]
+    assert len(rows) >= 4
+    rows += [line for line in lines if line.startswith("| EMA, per seed |")]
+    for row in rows:
+        assert row in section, row
