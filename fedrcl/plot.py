@@ -9,9 +9,10 @@ TensorBoard or CSVLogger logs): its runs are grouped into experiments that diffe
 (``fedrcl.report.seed_groups``), one curve each, labelled by method (and server, where it is not FedAvg's),
 with the run folder added where two experiments share a label. ``LABEL=PATH`` makes every run under ``PATH``
 one curve named ``LABEL``: the seeds of one experiment, one run folder, or event files without a saved config
-(``fedrcl.analysis.seed_stats.seed_runs``). A curve is the mean over its runs at the rounds all of them
-logged; with two runs or more a band shows the 95% Student-t interval of the mean (``--band ci``) or one
-sample std (``--band std``). Prints a markdown table: per curve, n and ``val/acc_ema`` (mean ± std) at
+(``fedrcl.analysis.seed_stats.seed_runs``); ``LABEL=PATH,PATH...`` makes one curve of the runs under several
+such paths (seeds run at different times, say, whose configs differ in more than the seed: their rounds). A
+curve is the mean over its runs at the rounds all of them logged; with two runs or more a band shows the 95%
+Student-t interval of the mean (``--band ci``) or one sample std (``--band std``). Prints a markdown table: per curve, n and ``val/acc_ema`` (mean ± std) at
 ``--rounds`` (default: the last round all its runs logged) and that round.
 
 Needs neither Lightning nor torch; matplotlib draws off-screen (Agg).
@@ -49,6 +50,40 @@ def _folder(group: Sequence[RunResult], root: Path) -> str:
     return path.name if path == root else str(path.relative_to(root))
 
 
+def _runs_with(spec: str, path: Path, tags: Sequence[str], left_out: Optional[list[str]]
+               ) -> tuple[list[RunResult], list[RunResult]]:
+    """``(every run under path, those that logged all of tags)``; a run left out gets a line in ``left_out``."""
+    if not path.exists():
+        raise ValueError(f"{spec}: {path} does not exist")
+    found, runs = collect_runs(path) if path.is_dir() else [], []
+    for run in found:
+        missing = [tag for tag in tags if tag not in run.curves]
+        if missing and left_out is not None:
+            left_out.append(f"{run.path} ({', '.join(run.versions)}): no {', '.join(missing)} logged")
+        runs += [] if missing else [run]
+    return found, runs
+
+
+def _one_experiment(spec: str, path: Path, tags: Sequence[str], left_out: Optional[list[str]]
+                    ) -> list[Mapping[str, Curve]]:
+    """The curves of the runs under ``path``, which must be seeds of one experiment (or event files without a
+    saved config), each with all of ``tags``."""
+    found, runs = _runs_with(spec, path, tags, left_out)
+    experiments = seed_groups(runs)
+    if len(experiments) > 1:
+        raise ValueError(f"{spec}: {path} holds runs of {len(experiments)} experiments (they differ in "
+                         f"more than seeds); give each its own LABEL=PATH, or {path} alone to label them by "
+                         "method")
+    curve_sets: list[list[Mapping[str, Curve]]]
+    if not experiments and not found:  # event files without a saved config
+        curve_sets = [[load_scalars(run) for run in seed_runs(path)]]
+    else:
+        curve_sets = [[r.curves for r in group] for group in experiments]
+    if not curve_sets or any(tag not in curves for curves in curve_sets[0] for tag in tags):
+        raise ValueError(f"{spec}: no run under {path} logged all of {', '.join(tags)}")
+    return curve_sets[0]
+
+
 def curve_groups(specs: Sequence[str], tags: Sequence[str] = ("val/acc", EMA_TAG),
                  left_out: Optional[list[str]] = None) -> Groups:
     """The curves to draw from ``PATH`` and ``LABEL=PATH`` arguments (see the module docstring).
@@ -59,29 +94,12 @@ def curve_groups(specs: Sequence[str], tags: Sequence[str] = ("val/acc", EMA_TAG
     groups: Groups = {}
     for spec in specs:
         label, sep, path_text = spec.partition("=")
-        path = Path(path_text if sep else spec)
-        if not path.exists():
-            raise ValueError(f"{spec}: {path} does not exist")
-        found, runs = collect_runs(path) if path.is_dir() else [], []
-        for run in found:
-            missing = [tag for tag in tags if tag not in run.curves]
-            if missing and left_out is not None:
-                left_out.append(f"{run.path} ({', '.join(run.versions)}): no {', '.join(missing)} logged")
-            runs += [] if missing else [run]
-        if sep:
-            experiments = seed_groups(runs)
-            if len(experiments) > 1:
-                raise ValueError(f"{spec}: {path} holds runs of {len(experiments)} experiments (they differ in more "
-                                 f"than seeds); give each its own LABEL=PATH, or {path} alone to label them by method")
-            curve_sets: list[list[Mapping[str, Curve]]]
-            if not experiments and not found:  # event files without a saved config
-                curve_sets = [[load_scalars(run) for run in seed_runs(path)]]
-            else:
-                curve_sets = [[r.curves for r in group] for group in experiments]
-            if not curve_sets or any(tag not in curves for curves in curve_sets[0] for tag in tags):
-                raise ValueError(f"{spec}: no run under {path} logged all of {', '.join(tags)}")
-            groups[label] = curve_sets[0]
+        if sep:  # one curve from the runs under one or several paths
+            groups[label] = [curves for text in path_text.split(",")
+                             for curves in _one_experiment(spec, Path(text), tags, left_out)]
             continue
+        path = Path(spec)
+        found, runs = _runs_with(spec, path, tags, left_out)
         if not runs:
             raise ValueError(f"{spec}: no runs with {', '.join(tags)} under {path} (run folders with config.yaml "
                              "and TensorBoard or CSVLogger logs); name event files without a config as LABEL=PATH")
@@ -117,7 +135,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(
         prog="fedrcl plot", description="Accuracy and EMA curves of your runs: one per method, mean and 95% band "
                                         "over seeds; PNG and SVG.")
-    parser.add_argument("runs", nargs="+", metavar="RUNS", help="a folder of runs, or LABEL=PATH (one curve)")
+    parser.add_argument("runs", nargs="+", metavar="RUNS",
+                        help="a folder of runs, or LABEL=PATH[,PATH...] (one curve)")
     parser.add_argument("--out", default="curves",
                         help="write OUT.png and OUT.svg (a .png or .svg suffix is dropped; default: %(default)s)")
     parser.add_argument("--tags", nargs="+", default=["val/acc", EMA_TAG], help="one panel per scalar "

@@ -90,6 +90,23 @@ def test_fedrcl_plot_refuses_seeds_of_different_experiments_in_one_label(two_met
     assert not list(tmp_path.glob("x.*"))
 
 
+def test_one_label_over_several_paths_is_one_curve_of_their_runs(two_methods, tmp_path, capsys):
+    """``LABEL=PATH,PATH``: seeds kept in two folders, whose configs differ in more than the seed (the rounds),
+    are one curve: FedAvg's seed 0 run elsewhere for 20 rounds (EMA 0.44) and seeds 1-2 under ``two_methods``."""
+    longer = fake_config(method="FedAvg")
+    longer["trainer"]["rounds"] = 20
+    fake_version(tmp_path / "long" / "version_0", seeded(longer, 0), {r: 0.44 for r in range(1, 21)})
+    groups = curve_groups([f"FedAvg={tmp_path / 'long'},{two_methods / 'fedavg' / 'seed1'},"
+                           f"{two_methods / 'fedavg' / 'seed2'}"], ["val/acc_ema"])
+    assert list(groups) == ["FedAvg"] and len(groups["FedAvg"]) == 3
+    main([f"FedAvg={tmp_path / 'long'},{two_methods / 'fedavg' / 'seed1'},{two_methods / 'fedavg' / 'seed2'}",
+          "--tags", "val/acc_ema", "--rounds", "10", "--out", str(tmp_path / "x")])
+    assert "| FedAvg | 3 | 50.00 ± 5.29 | 10 |" in capsys.readouterr().out  # 44, 52, 54; the common rounds 1-10
+    with pytest.raises(SystemExit):  # each path still holds one experiment
+        main([f"Mixed={tmp_path / 'long'},{two_methods}", "--tags", "val/acc_ema", "--out", str(tmp_path / "y")])
+    assert "2 experiments" in capsys.readouterr().err
+
+
 def test_fedrcl_plot_leaves_out_a_run_without_the_tags_and_says_so(two_methods, tmp_path, capsys):
     config = seeded(fake_config(method="FedAvg"), 3)
     (tmp_path / "runs" / "fedavg" / "seed3" / "version_0").mkdir(parents=True)  # killed before any round
