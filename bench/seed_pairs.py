@@ -29,6 +29,7 @@ import yaml
 from fedrcl.analysis import crossing, load_scalars
 from fedrcl.analysis.runs import Curve
 from fedrcl.analysis.seed_stats import seed_runs, summarize_seeds
+from long_horizon import at as value_at
 
 TAGS = {"EMA": "val/acc_ema", "raw": "val/acc"}
 
@@ -57,10 +58,9 @@ def method_runs(spec: str) -> tuple[str, dict[int, dict[str, Curve]]]:
 
 
 def at(curve: Curve, round_idx: int) -> float | None:
-    """The value logged at ``round_idx`` (in %), or None."""
-    rounds, values = curve
-    hit = (rounds == round_idx).nonzero()[0]
-    return 100 * float(values[hit[0]]) if len(hit) else None
+    """The value logged at ``round_idx`` in %, or None (``long_horizon.at``)."""
+    value = value_at(curve, round_idx)
+    return None if value is None else 100 * value
 
 
 def summary_cell(values: list[float]) -> str:
