@@ -306,6 +306,44 @@ def test_a_flower_resume_from_a_bad_checkpoint_stops_before_anything_is_written(
     assert not (tmp_path / "run").exists()
 
 
+class OneNode:
+    """A node's ClientApp called in this process, as Flower calls it with each message: ``train(round, file)``
+    sends client 9 (partition 9 of 10) round ``round`` and the state file the server names for it, and returns
+    the reply's weights and the file it names. ``new_process()`` forgets the built run, as a new process."""
+
+    def __init__(self, data_root: Path, tmp_path: Path, name: str, run: int = 0):
+        from flwr.app import Context, RecordDict
+
+        from fedrcl.flower import client as flower_client
+        from fedrcl.flower.config import build
+
+        self.args = flower_args(data_root, tmp_path, name)
+        self.start = build(self.args).model.backbone.state_dict()
+        self.app, self.client = flower_client.make_client_app(), flower_client
+        self.state_dir = tmp_path / f"state{run}"
+        config = {"partition-id": 9, "num-partitions": 10, "state-dir": str(self.state_dir)}
+        self.context = Context(run_id=run, node_id=1, state=RecordDict(), run_config={}, node_config=config)
+
+    def train(self, round_idx: int, state_file: str = "") -> tuple[dict, str]:
+        from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+
+        task = {"round_idx": round_idx, "clients": [9], "state_files": [state_file], "kept": [""]}
+        content = RecordDict({"fedrcl.run": ConfigRecord({"args": self.args}),
+                              "fedrcl.round": ConfigRecord(task),
+                              "fedrcl.sent": ArrayRecord.from_torch_state_dict(self.start)})
+        message = Message(content, dst_node_id=1, message_type="train")
+        message.metadata.__dict__["_message_id"] = f"m{round_idx}"
+        reply = self.app(message, self.context)
+        status = reply.content["fedrcl.9.status"]
+        return reply.content["fedrcl.9.weights"].to_torch_state_dict(), status["state_file"]
+
+    def new_process(self) -> None:
+        self.client._PROCESS.clear()
+
+    def module(self):
+        return next(iter(self.client._PROCESS.values())).module
+
+
 @pytest.mark.parametrize("name", ["moon", "scaffold", "feddyn"])
 def test_a_new_clientapp_process_finds_client_state_through_the_servers_manifest(data_root, tmp_path,
                                                                                  server_task, name):
@@ -313,45 +351,44 @@ def test_a_new_clientapp_process_finds_client_state_through_the_servers_manifest
     model, SCAFFOLD's c_i, FedDyn's dual) must be found in round 2 through the file its reply named and the
     server's next message names again, giving the same weights as one process, and other weights than a
     message that names none."""
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-
-    from fedrcl.flower import client as flower_client
-    from fedrcl.flower.config import build
-
-    args = flower_args(data_root, tmp_path, name)
-    start = build(args).model.backbone.state_dict()
-    app = flower_client.make_client_app()
-
-    def train(context: Context, round_idx: int, state_file: str = "") -> tuple[dict, str]:
-        task = {"round_idx": round_idx, "clients": [9], "state_files": [state_file], "kept": [""]}
-        content = RecordDict({"fedrcl.run": ConfigRecord({"args": args}), "fedrcl.round": ConfigRecord(task),
-                              "fedrcl.sent": ArrayRecord.from_torch_state_dict(start)})
-        message = Message(content, dst_node_id=1, message_type="train")
-        message.metadata.__dict__["_message_id"] = f"m{round_idx}"
-        reply = app(message, context)
-        return reply.content["fedrcl.9.weights"].to_torch_state_dict(), reply.content["fedrcl.9.status"]["state_file"]
-
-    def node(run: int) -> Context:
-        config = {"partition-id": 9, "num-partitions": 10, "state-dir": str(tmp_path / f"state{run}")}
-        return Context(run_id=run, node_id=1, state=RecordDict(), run_config={}, node_config=config)
-
     results = []
     for new_process in (False, True):
-        context = node(int(new_process))
-        _, written = train(context, 0)
-        assert Path(written).is_file() and Path(written).is_relative_to(tmp_path / f"state{int(new_process)}")
+        node = OneNode(data_root, tmp_path, name, run=int(new_process))
+        _, written = node.train(0)
+        assert Path(written).is_file() and Path(written).is_relative_to(node.state_dir)
         if new_process:
-            flower_client._PROCESS.clear()  # what a new process starts with
-        results.append(train(context, 1, written)[0])
-        module = next(iter(flower_client._PROCESS.values())).module
+            node.new_process()
+        results.append(node.train(1, written)[0])
         if name == "moon":
-            assert module.has_previous
-    flower_client._PROCESS.clear()
-    lost, _ = train(node(2), 1)  # round 2 on a node told of no state for client 9
-    flower_client._PROCESS.clear()
+            assert node.module().has_previous
+    node.new_process()
+    lost, _ = OneNode(data_root, tmp_path, name, run=2).train(1)  # round 2, told of no state for client 9
+    node.new_process()
     for key in results[0]:
         assert torch.equal(results[0][key], results[1][key]), key
     assert any(not torch.equal(results[0][k], lost[k]) for k in lost if lost[k].is_floating_point())
+
+
+@pytest.mark.parametrize("new_process", [False, True], ids=["same process", "new process"])
+def test_a_message_sent_again_after_its_reply_was_lost_finds_its_state_and_gives_the_same_reply(
+        data_root, tmp_path, server_task, new_process):
+    """A node lost after writing client 9's state of round 2 but before its reply arrived: the server sends
+    round 2's message again, naming round 1's file (no checkpoint took it: checkpoint_every > 1). The file
+    must still be there and the reply the same, bitwise; once round 3's message names round 2's file, round
+    1's goes (a node holds at most two versions of a client)."""
+    node = OneNode(data_root, tmp_path, "scaffold")
+    _, first = node.train(0)
+    weights, second = node.train(1, first)
+    assert Path(first).is_file()  # the server has not acknowledged round 2's file yet
+    if new_process:
+        node.new_process()
+    again, second_again = node.train(1, first)  # the reply was lost: the same message, sent again
+    assert second_again == second
+    for key in weights:
+        assert torch.equal(weights[key], again[key]), key
+    node.train(2, second)
+    assert not Path(first).exists() and Path(second).is_file()
+    node.new_process()
 
 
 @pytest.mark.slow

@@ -13,7 +13,9 @@ no checkpoint file in ``checkpoint_dirs`` (the run's checkpoint folders) refers 
 when the next manifest is taken. So a kill while a checkpoint is written leaves the previous checkpoint
 with all its files, and every round checkpoint of the run stays resumable. A resumed run loads the manifest
 from its checkpoint, reads each client's file wherever it lies (the interrupted run's folder is never
-written to or cleaned), and writes new versions into its own folder.
+written to or cleaned), and writes new versions into its own folder. A Flower node follows the server's
+manifest, which each message carries: the version the server names stays until a later message names
+another, so a reply lost with its node leaves the file that the message, sent again, names.
 
 Cost: a state costs its tensors' bytes (ResNet-18, float32: 44.7 MB) on disk once per client and per kept
 checkpoint that saw a new version of it (plus the versions trained since the last checkpoint), and at most
@@ -60,6 +62,7 @@ class ClientStateStore:
         self.checkpoint_dirs = [Path(d) for d in checkpoint_dirs]
         self._files: dict[int, Path] = {}       # current version of each client
         self._committed: set[Path] = set()      # versions a checkpoint took (kept while one refers to them)
+        self._followed: dict[int, Path] = {}    # versions a server's manifest names (kept while it does)
         self._manifests: dict[Path, tuple[tuple[int, int, int], frozenset[Path]]] = {}  # checkpoint -> files
         self._cache: OrderedDict[int, dict[str, Tensor]] = OrderedDict()
         self.bytes_in_memory = 0
@@ -87,7 +90,7 @@ class ClientStateStore:
         os.replace(tmp, path)  # atomic: a crash leaves the old version or the new one, never half a file
         old = self._files.get(client_id)
         self._files[client_id] = path
-        if old is not None and old != path:
+        if old is not None and old != path and self._followed.get(client_id) != old:
             self._discard(old)
         self._remember(client_id, cpu)
         return path
@@ -104,6 +107,21 @@ class ClientStateStore:
             dropped = self._cache.pop(int(client_id), None)
             if dropped is not None:
                 self.bytes_in_memory -= state_nbytes(dropped)
+
+    def follow(self, files: Mapping[int, Optional[Union[str, Path]]]) -> None:
+        """Take a server's manifest for these clients (client -> file; ``None``: no state), as a Flower node
+        does with each message: later reads follow it, and each named file is kept until a later message
+        names another, since the reply that superseded it may be lost with its node and the message sent
+        again. The version the server no longer names is then deleted, unless a checkpoint took it."""
+        for client_id, named in files.items():
+            client_id, path = int(client_id), None if named is None else Path(named)
+            if path != self._files.get(client_id):
+                self.adopt({client_id: path})
+            released = self._followed.pop(client_id, None)
+            if path is not None:
+                self._followed[client_id] = path
+            if released is not None and released not in (path, self._files.get(client_id)):
+                self._discard(released)
 
     def keep(self, paths: Iterable[Union[str, Path]]) -> None:
         """Versions that a checkpoint kept elsewhere refers to (a Flower server's, whose nodes hold the

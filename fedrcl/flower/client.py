@@ -29,9 +29,11 @@ Flower run and the fedrcl arguments under the system's temp folder; set it to a 
 resumed after a restart). The server is told which file is each client's current one (``state_file`` in
 the reply's ``fedrcl.<client>.status``) and keeps that manifest in its checkpoints, as ``fedrcl fit`` does;
 each ``train`` message names its clients' current files (``fedrcl.round``'s ``state_files``, empty: none)
-and the ones the server's newest checkpoint refers to (``kept``, never deleted by the node). So a new node process
-(a restarted worker or SuperNode) reads the right file, and a run resumed from a checkpoint,
-on Flower or with ``fedrcl fit`` on the same machine, reads the files as of that checkpoint.
+and the ones the server's newest checkpoint refers to (``kept``, never deleted by the node). A node keeps the
+file a message names until a later message names another (``ClientStateStore.follow``), for the message may
+come again: its node lost after writing a client's new state, before its reply arrived. So a new node process
+(a restarted worker or SuperNode) reads the right file, and a run resumed from a checkpoint, on Flower or with
+``fedrcl fit`` on the same machine, reads the files as of that checkpoint.
 """
 from __future__ import annotations
 
@@ -116,10 +118,8 @@ def make_client_app() -> ClientApp:
         store = getattr(update.module, "store", None)
         store = store if isinstance(store, ClientStateStore) else None
         if store is not None:  # the server's manifest: each client's current file, and the checkpointed ones
-            for client_id, current in zip(clients, _as_list(task["state_files"])):
-                now = store.file(client_id)
-                if (str(current) or None) != (None if now is None else str(now)):
-                    store.adopt({client_id: str(current) or None})
+            store.follow({client_id: str(current) or None
+                          for client_id, current in zip(clients, _as_list(task["state_files"]))})
             store.keep([str(kept) for kept in _as_list(task["kept"]) if kept])
         arrays = message.content.array_records
         sent = arrays["fedrcl.sent"].to_torch_state_dict()
