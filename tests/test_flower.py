@@ -36,6 +36,7 @@ TUTORIAL = REPO / "docs" / "tutorial"  # the tutorial's methods, a file outside 
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1",
               "RAY_DEDUP_LOGS": "0", "PYTHONPATH": os.pathsep.join([str(TUTORIAL), os.environ.get("PYTHONPATH", "")])}
 ROUNDS = 3
+RESUMED = ["scaffold", "moon"]  # resumed on Flower, reading the node files of their checkpoint's manifest
 METHODS = {  # name: (client algorithm, overlays)
     "fedavg": ("fedrcl.algorithms.FedAvg", []),
     "fedrcl_fedavgm": ("fedrcl.algorithms.FedRCL", ["--config", str(REPO / "configs/server/fedavgm.yaml")]),
@@ -72,7 +73,9 @@ def run_process(command: list[str], timeout: float, cwd: Path) -> subprocess.Com
 
 @pytest.fixture(scope="module")
 def runs(data_root, tmp_path_factory):
-    """``{name: (fit version folder, flower version folder)}`` for every method of ``METHODS``."""
+    """``{name: (fit version folder, flower version folder)}`` for every method of ``METHODS``; ``RESUMED``'s
+    methods also run 3 rounds under ``flower_resumed`` then ``--ckpt_path last`` to round 4, all in one
+    simulation (Ray starts once)."""
     tmp = tmp_path_factory.mktemp("flower")
     sys.path.insert(0, str(TUTORIAL))
     try:
@@ -80,9 +83,14 @@ def runs(data_root, tmp_path_factory):
             run_cli(data_root, tmp / "fit" / name, *overlays, rounds=ROUNDS, model=model)
     finally:
         sys.path.remove(str(TUTORIAL))
+    every = [flower_args(data_root, tmp / "flower" / name, name) for name in METHODS]
+    for name in RESUMED:  # again in a folder of their own, then resumed there to round 4, in the same simulation
+        args = flower_args(data_root, tmp / "flower_resumed" / name, name)
+        longer = [*args, "--ckpt_path", "last"]
+        longer[longer.index("--trainer.rounds") + 1] = str(ROUNDS + 1)
+        every += [args, longer]
     script = ("import json, sys; from fedrcl.flower.simulation import simulate; "
               "runs = json.loads(sys.argv[1]); simulate(runs[0], more=runs[1:])")
-    every = [flower_args(data_root, tmp / "flower" / name, name) for name in METHODS]
     out = run_process([sys.executable, "-c", script, json.dumps(every)], timeout=600, cwd=tmp).stdout
     (tmp / "simulation.log").write_text(out)
     return {name: (tmp / "fit" / name / "quickstart" / "version_0",
@@ -96,7 +104,8 @@ def test_the_simulation_log_is_one_line_per_round_without_noise(runs):
     assert "\x1b[" not in log
     assert "MetricRecord" not in log and "Final results" not in log and "deprecated" not in log
     for done in range(1, ROUNDS + 1):
-        assert log.count(f"Round {done}/{ROUNDS}  val/acc") == len(METHODS), log[-3000:]
+        assert log.count(f"Round {done}/{ROUNDS}  val/acc") == len(METHODS) + len(RESUMED), log[-3000:]
+    assert log.count(f"Round {ROUNDS + 1}/{ROUNDS + 1}  val/acc") == len(RESUMED), log[-3000:]
 
 
 def last_weights(run: Path) -> dict[str, torch.Tensor]:
@@ -391,31 +400,22 @@ def test_a_message_sent_again_after_its_reply_was_lost_finds_its_state_and_gives
     node.new_process()
 
 
-@pytest.mark.slow
-def test_flower_resumes_a_flower_run_with_its_client_state(runs, data_root, tmp_path):
+@pytest.mark.parametrize("name", RESUMED)
+def test_flower_resumes_a_flower_run_with_its_client_state(runs, data_root, tmp_path, name):
     """``python -m fedrcl.flower ... --ckpt_path last`` continues the 3-round Flower runs of SCAFFOLD and MOON
-    to round 4 on Flower. Round 4's clients (4, 8, 9) all trained before, so their c_i / previous models are
-    read from the node files the checkpoint's manifest names: the final weights are those of a ``fedrcl fit``
-    run that never stopped, and round 4's scalars go to a new version folder."""
+    to round 4 on Flower (in the ``runs`` simulation). Round 4's clients (4, 8, 9) all trained before, so
+    their c_i / previous models are read from the node files the checkpoint's manifest names: the final
+    weights are those of a ``fedrcl fit`` run that never stopped, and round 4's scalars go to a new version
+    folder."""
     before = set().union(*(sample_clients(10, 3, 0, r) for r in range(ROUNDS)))
     assert set(sample_clients(10, 3, 0, ROUNDS)) <= before
-    names, every = ["scaffold", "moon"], []
-    for name in names:
-        shutil.copytree(runs[name][1].parents[1], tmp_path / name)  # a copy: resuming writes version_1
-        args = flower_args(data_root, tmp_path / name, name)
-        args[args.index("--trainer.rounds") + 1] = str(ROUNDS + 1)
-        every.append([*args, "--ckpt_path", "last"])
-    script = ("import json, sys; from fedrcl.flower.simulation import simulate; "
-              "runs = json.loads(sys.argv[1]); simulate(runs[0], more=runs[1:])")
-    run_process([sys.executable, "-c", script, json.dumps(every)], timeout=300, cwd=tmp_path)
-    for name in names:
-        model, overlays = METHODS[name]
-        run_cli(data_root, tmp_path / "straight" / name, *overlays, rounds=ROUNDS + 1, model=model)
-        resumed = tmp_path / name / "quickstart" / "version_1"
-        a, b = last_weights(resumed), last_weights(tmp_path / "straight" / name / "quickstart" / "version_0")
-        for key in b:
-            assert torch.equal(a[key], b[key]), f"{name}: {key}"
-        assert load_scalars(resumed)["val/acc"][0].tolist() == [ROUNDS + 1]
+    model, overlays = METHODS[name]
+    run_cli(data_root, tmp_path / "straight", *overlays, rounds=ROUNDS + 1, model=model)
+    resumed = runs[name][1].parents[3] / "flower_resumed" / name / "quickstart" / "version_1"
+    a, b = last_weights(resumed), last_weights(tmp_path / "straight" / "quickstart" / "version_0")
+    for key in b:
+        assert torch.equal(a[key], b[key]), f"{name}: {key}"
+    assert load_scalars(resumed)["val/acc"][0].tolist() == [ROUNDS + 1]
 
 
 @pytest.mark.slow

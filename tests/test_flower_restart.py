@@ -25,7 +25,7 @@ from test_flower import FLOWER_ENV, flower_args, last_weights  # noqa: E402
 
 from fedrcl.flower.localhost import LocalDeployment  # noqa: E402
 
-ROUNDS = 4
+ROUNDS = 3
 
 
 def wait_for_round(workdir: Path, server_round: int, timeout: float) -> int:
@@ -67,9 +67,9 @@ def test_a_killed_supernode_is_survived_or_named_and_the_weights_are_fits(data_r
         nodes.stop_node(victim)
         time.sleep(1)
         nodes.start_node(victim)
-        # round 4: a SuperNode stopped for good (SIGTERM: it ends within 30 s, and Flower knows it at once); the
-        # run stops after the restart wait, with round 3's checkpoint
-        victim = wait_for_round(workdir, 4, timeout=600)
+        # round 3: a SuperNode stopped for good (SIGTERM: it ends within 30 s, and Flower knows it at once); the
+        # run stops after the restart wait, with round 2's checkpoint
+        victim = wait_for_round(workdir, ROUNDS, timeout=600)
         nodes.stop_node(victim, signal.SIGTERM)
         thread.join(900)
         assert not thread.is_alive()
@@ -77,7 +77,7 @@ def test_a_killed_supernode_is_survived_or_named_and_the_weights_are_fits(data_r
         assert f"of partition {victim} went away and no node came back for it within 20 s; it owed clients" in error, \
             f"{error}\n{nodes.logs()}"
         checkpoints = tmp_path / "flower" / "quickstart" / "version_0" / "checkpoints"
-        assert f"The run stopped after round 3, checkpoint {checkpoints / 'last.ckpt'}" in error
+        assert f"The run stopped after round {ROUNDS - 1}, checkpoint {checkpoints / 'last.ckpt'}" in error
         # back, and resumed from that checkpoint
         nodes.start_node(victim)
         nodes.run([*args, "--ckpt_path", "last"], timeout=900)
