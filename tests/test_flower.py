@@ -84,7 +84,7 @@ def runs(data_root, tmp_path_factory):
     finally:
         sys.path.remove(str(TUTORIAL))
     every = [flower_args(data_root, tmp / "flower" / name, name) for name in METHODS]
-    for name in RESUMED:  # again in a folder of their own, then resumed there to round 4, in the same simulation
+    for name in RESUMED:  # again in a folder of their own, then resumed there to round 4 (same simulation)
         args = flower_args(data_root, tmp / "flower_resumed" / name, name)
         longer = [*args, "--ckpt_path", "last"]
         longer[longer.index("--trainer.rounds") + 1] = str(ROUNDS + 1)

@@ -67,8 +67,8 @@ def test_a_killed_supernode_is_survived_or_named_and_the_weights_are_fits(data_r
         nodes.stop_node(victim)
         time.sleep(1)
         nodes.start_node(victim)
-        # round 3: a SuperNode stopped for good (SIGTERM: it ends within 30 s, and Flower knows it at once); the
-        # run stops after the restart wait, with round 2's checkpoint
+        # round 3: a SuperNode stopped for good (SIGTERM: it ends within 30 s, and Flower knows it at once);
+        # the run stops after the restart wait, with round 2's checkpoint
         victim = wait_for_round(workdir, ROUNDS, timeout=600)
         nodes.stop_node(victim, signal.SIGTERM)
         thread.join(900)

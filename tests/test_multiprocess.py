@@ -59,8 +59,9 @@ def test_two_processes_give_one_process_results(data_root, tmp_path):
     train losses equal up to float rounding. This covers plain FedAvg's path too (the same sampling, split
     and all-reduce); SCAFFOLD and FedDyn (``test_scaffold_feddyn.py``) and MOON (below) add client state."""
     extra = ("--config", str(REPO / "configs" / "server" / "fedavgm.yaml"))
-    one = run_cli(data_root, tmp_path / "one", *FIVE_CLIENTS, *extra, rounds=3, model="fedrcl.algorithms.FedRCL")
-    fit_two_processes(data_root, tmp_path / "two", *extra, rounds=3, model="fedrcl.algorithms.FedRCL")
+    model = "fedrcl.algorithms.FedRCL"
+    one = run_cli(data_root, tmp_path / "one", *FIVE_CLIENTS, *extra, rounds=3, model=model)
+    fit_two_processes(data_root, tmp_path / "two", *extra, rounds=3, model=model)
     ckpt, events = last_run(tmp_path / "two")
     assert ckpt["epoch"] == 2
     assert_same_state(one.model.state_dict(), ckpt["state_dict"])
