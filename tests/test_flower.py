@@ -384,7 +384,7 @@ def test_a_message_sent_again_after_its_reply_was_lost_finds_its_state_and_gives
     """A node lost after writing client 9's state of round 2 but before its reply arrived: the server sends
     round 2's message again, naming round 1's file (no checkpoint took it: checkpoint_every > 1). The file
     must still be there and the reply the same, bitwise; once round 3's message names round 2's file, round
-    1's goes (a node holds at most two versions of a client)."""
+    1's goes (no checkpoint kept it)."""
     node = OneNode(data_root, tmp_path, "scaffold")
     _, first = node.train(0)
     weights, second = node.train(1, first)
