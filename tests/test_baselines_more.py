@@ -78,6 +78,29 @@ def test_store_keeps_what_a_checkpoint_elsewhere_refers_to_and_forgets_on_reques
     assert store.file(4) is None and store.get(4) is None and third.is_file()
 
 
+def test_store_follows_a_servers_manifest_keeping_the_named_file_until_another_is_named(tmp_path):
+    """A Flower node's store: the version a message names stays when the client trains (its reply may be lost
+    and the message sent again); it goes when a later message names the newer one, unless a checkpoint kept
+    it; ``None`` (a run resumed from before the client had state) forgets it, the same way."""
+    store = ClientStateStore(tmp_path, max_in_memory=1)
+    state = {"w": torch.ones(3)}
+    first = store.put(4, state, round_idx=0)
+    store.follow({4: first})  # round 2's message names round 1's file
+    second = store.put(4, state, round_idx=1)
+    assert first.is_file() and store.file(4) == second
+    store.follow({4: first})  # the same message again: its file is read, not the lost reply's
+    assert store.file(4) == first and torch.equal(store.get(4)["w"], state["w"])
+    second = store.put(4, state, round_idx=1)
+    store.keep([second])  # a server checkpoint took round 2's version
+    store.follow({4: second})  # round 3's message: round 1's file goes
+    assert not first.exists() and second.is_file()
+    third = store.put(4, state, round_idx=2)
+    store.follow({4: third})  # round 2's goes no further: the checkpoint refers to it
+    assert second.is_file() and third.is_file()
+    store.follow({4: None})
+    assert store.file(4) is None and store.get(4) is None and not third.exists() and second.is_file()
+
+
 def test_store_memory_stays_bounded_with_many_clients(tmp_path):
     """500 clients x 1 MiB of state with at most 8 in memory: the cache and the process stay small."""
     store = ClientStateStore(tmp_path / "many", max_in_memory=8)
