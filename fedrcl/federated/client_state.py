@@ -120,7 +120,7 @@ class ClientStateStore:
             released = self._followed.pop(client_id, None)
             if path is not None:
                 self._followed[client_id] = path
-            if released is not None and released not in (path, self._files.get(client_id)):
+            if released is not None and released != path:  # the current file is ``path`` now
                 self._discard(released)
 
     def keep(self, paths: Iterable[Union[str, Path]]) -> None:
