@@ -3,7 +3,8 @@
 Subcommands (``python3 bench/gpu_lease_run.py <name>``):
 
     prepare [--from DIR ...]  here, before the lease: the carried folders (.lease, .lease2, ...: wheels, the
-                              CIFAR-10 JPEG mosaics, the last lease's checkpoint parts and compile cache),
+                              CIFAR-10 JPEG mosaics, the last lease's checkpoint parts, its compile cache if
+                              room is left),
                               each call's payload measured against the carry limit
     stash                     on the device: copy the carried checkpoint parts into the work folder, nothing else
     lease                     on the device: stash, decode the mosaics, probe (or reuse the last decision), train
@@ -359,8 +360,9 @@ def outbox(lease: Lease) -> Path:
 
 
 def fill_outbox(lease: Lease, summary: dict, results: dict) -> None:
-    """Everything to bring back, in order: the summary, logs and event files (one archive), the compile cache,
-    then each run's checkpoint in parts (FedRCL first, the run that matters most)."""
+    """Everything to bring back, in order: the summary, logs and event files (one archive), each run's
+    checkpoint in parts (FedRCL first, the run that matters most), then the compile cache (optional: the first
+    lease's was 90 MB, against 13-16 s of compiling that it saves each run)."""
     box = outbox(lease)
     shutil.rmtree(box, ignore_errors=True)
     box.mkdir(parents=True)
@@ -371,6 +373,19 @@ def fill_outbox(lease: Lease, summary: dict, results: dict) -> None:
             if path.is_file() and path.suffix != ".ckpt":  # event files, config.yaml, split.json, hparams
                 tar.add(path, arcname=f"runs/{path.relative_to(lease.work / 'runs')}")
     order = ["logs.tar.gz"]
+    for name in sorted(results, key=lambda n: (not n.endswith("fedrcl"), n)):
+        last = results[name].get("last_checkpoint")
+        if not last:
+            continue
+        file = f"{name}.ckpt"
+        shutil.copyfile(last, box / file)
+        results[name]["checkpoint"] = {"file": file, "sha256": sha256(box / file),
+                                       "bytes": (box / file).stat().st_size,
+                                       "rounds": results[name]["rounds_reached"]}
+        parts = split_file(box / file, box, lease.part_bytes)
+        (box / file).unlink()
+        results[name]["checkpoint"]["parts"] = parts
+        order += parts
     cache, carried = lease.work / "compile_cache", lease.work / "resume" / "compile_cache"
     if (carried / "meta.json").exists():  # carry the last lease's cache on where this lease made none of its own
         own = (cache / "meta.json").read_text() if (cache / "meta.json").exists() else None
@@ -385,19 +400,6 @@ def fill_outbox(lease: Lease, summary: dict, results: dict) -> None:
                                     "parts": split_file(box / "compile_cache.tar", box, lease.part_bytes)}
         (box / "compile_cache.tar").unlink()
         order += summary["compile_cache"]["parts"]
-    for name in sorted(results, key=lambda n: (not n.endswith("fedrcl"), n)):
-        last = results[name].get("last_checkpoint")
-        if not last:
-            continue
-        file = f"{name}.ckpt"
-        shutil.copyfile(last, box / file)
-        results[name]["checkpoint"] = {"file": file, "sha256": sha256(box / file),
-                                       "bytes": (box / file).stat().st_size,
-                                       "rounds": results[name]["rounds_reached"]}
-        parts = split_file(box / file, box, lease.part_bytes)
-        (box / file).unlink()
-        results[name]["checkpoint"]["parts"] = parts
-        order += parts
     summary["files"] = {name: (box / name).stat().st_size for name in order}
     write_json(box / "summary.json", summary)
     (box / "order.txt").write_text("\n".join(["summary.json", *order]) + "\n")
@@ -522,9 +524,10 @@ def folder_bytes(folder: Path) -> int:
 
 
 def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], limit: int) -> int:
-    """Fill ``.lease`` (wheels, mosaics, the last summary and as much of the compile cache and checkpoints as
-    fits) and ``.lease2``, ... (the rest, re-cut to fill each), each call's payload (tree + its folder) under
-    ``limit`` bytes; print the calls to make."""
+    """Fill ``.lease`` (wheels, mosaics, the last summary and as much of the checkpoints as fits) and
+    ``.lease2``, ... (the rest, re-cut to fill each), each call's payload (tree + its folder) under ``limit``
+    bytes; print the calls to make. The compile cache goes only into room left in the last folder: a stash call
+    of its own costs more device time than the compiling it saves."""
     base = Path(lease.carry) if Path(lease.carry).is_absolute() else REPO / lease.carry
     for old in lease.carried():
         shutil.rmtree(old)
@@ -541,10 +544,7 @@ def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], 
         if "summary.json" not in found:
             raise FileNotFoundError(f"no summary.json in {', '.join(map(str, sources))}")
         summary = json.loads(found["summary.json"].read_text())
-        carried = []  # (its entry in the summary, its returned parts), the compile cache first
-        cache = summary.get("compile_cache")
-        if cache and all(p in found for p in cache["parts"]):  # optional: without it the runs compile anew
-            carried.append((cache, [found[p] for p in cache["parts"]]))
+        carried = []  # (its entry in the summary, its returned parts), the checkpoints first
         for name, run in summary.get("runs", {}).items():
             saved = run.get("checkpoint")
             if not saved:
@@ -555,6 +555,18 @@ def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], 
                       "cannot continue this run (it will say so and train the others)", file=sys.stderr)
                 continue
             carried.append((saved, [found[p] for p in saved["parts"]]))
+        cache = summary.pop("compile_cache", None)
+        if cache and all(p in found for p in cache["parts"]):
+            checkpoint_bytes = sum(p.stat().st_size for _, parts in carried for p in parts)
+            cache_bytes = sum(found[p].stat().st_size for p in cache["parts"])
+            spill = checkpoint_bytes - max(room, 0)  # what goes into stash folders of ``limit - tree`` each
+            last_room = -spill if spill <= 0 else -spill % (limit - tree)
+            if cache_bytes <= last_room:
+                summary["compile_cache"] = cache
+                carried.append((cache, [found[p] for p in cache["parts"]]))
+            else:
+                print(f"compile cache left behind: its {cache_bytes / MiB:.1f} MiB would add a stash call "
+                      "(the runs compile anew)")
         for entry, parts in carried:  # re-cut into pieces that fill each call's payload
             data = b"".join(p.read_bytes() for p in parts)
             if hashlib.sha256(data).hexdigest() != entry["sha256"]:
