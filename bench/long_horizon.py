@@ -22,13 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from fedrcl.analysis import crossing, load_scalars, plot_runs  # noqa: E402
 from fedrcl.analysis.runs import Curve  # noqa: E402
-
-
-def at(curve: Curve, round_idx: int) -> float | None:
-    """The value logged at ``round_idx``, or None."""
-    rounds, values = curve
-    hit = (rounds == round_idx).nonzero()[0]
-    return float(values[hit[0]]) if len(hit) else None
+from fedrcl.analysis.seed_stats import value_at as at  # noqa: E402
 
 
 def accuracy_rows(runs: dict[str, dict[str, Curve]], rounds: list[int]) -> list[str]:

@@ -3,11 +3,13 @@
     fedrcl report runs                      # markdown to stdout
     fedrcl report runs --out report.md
     fedrcl report runs --paper              # also every table of the paper, our rows beneath its rows
+    fedrcl report runs --rounds 100 300 500 # seeds and paired differences at these rounds
 
 The report starts with your runs (a table: setting, rounds, last EMA; a run that logged fewer rounds than
-its ``trainer.rounds`` is marked as not finished), then the seed groups (below), then what was left out and
-why (a version folder without ``config.yaml`` or without logs, a repeat of a run with the same seeds), then
-the cells of the paper's tables that your runs fill (all the tables with ``--paper``).
+its ``trainer.rounds`` is marked as not finished), then the seed groups and the methods paired by seed
+(below), then what was left out and why (a version folder without ``config.yaml`` or without logs, a repeat
+of a run with the same seeds), then the cells of the paper's tables that your runs fill (all the tables with
+``--paper``).
 
 A run is a run folder (``<save_dir>/<name>``) anywhere under ``RUNS_DIR`` whose ``version_k`` folders hold
 the ``config.yaml`` LightningCLI saved and the curves of Lightning's TensorBoardLogger (event files) or
@@ -28,10 +30,21 @@ siblings under other seeds (below), the cell shows their mean ± sample std and 
 Seeds: runs whose saved configs are equal except for the seeds (``seed_everything``, ``trainer.seed``,
 ``data.seed``) and for keys that do not change what is trained (``EXPERIMENT_IGNORES``: where and how it is
 logged, callbacks, checkpoint frequency, the data folder, the round budget, devices, batched or compiled
-clients, evaluation batch size) are one experiment under several seeds, as ``fedrcl seeds`` makes them. The
-"Seeds" section gives, per experiment and per tag (``--tags``, default ``val/acc_ema val/acc``), the mean ±
-sample std over its runs, n and the 95% Student-t interval, at the last round all its runs logged
-(``fedrcl.analysis.seed_stats``). Versions of one run folder with other seeds are separate runs.
+clients, evaluation batch size; and the trainer arguments the round loop owns at their only allowed value,
+``ROUND_LOOP_VALUES``, which older fedrcl wrote into ``config.yaml``) are one experiment under several seeds,
+as ``fedrcl seeds`` makes them. The "Seeds" section gives, per experiment and per tag (``--tags``, default
+``val/acc_ema val/acc``), the mean ± sample std over its runs, n and the 95% Student-t interval, at the last
+round all its runs logged (``fedrcl.analysis.seed_stats``), and with ``--rounds`` also at each of those
+rounds, over the runs that logged it. Versions of one run folder with other seeds are separate runs.
+
+Paired by seed: seed groups that differ only in the method (``method_key``: the same data, split, clients,
+rounds schedule and network) are compared, each against its family's FedAvg group (the paper's baseline),
+else the first group, run by run under the same seeds (the same split, client sampling and batches;
+``comparisons``, ``pair_by_seed``). Per run, raw / EMA test accuracy at the rounds (``--rounds``; default the
+last round all paired runs logged); per seed the challenger minus the reference, and over seeds its mean ±
+std, 95% interval and n (``fedrcl.analysis.seed_stats.paired_differences``); per seed the round from which
+the challenger's EMA stays above the reference's (``fedrcl.analysis.crossing``, curves cut at the last of
+those rounds).
 
 Reading runs needs neither Lightning nor torch (``fedrcl report`` starts in well under a second of imports).
 """
@@ -49,12 +62,14 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import yaml
 
+from fedrcl.analysis.compare import Crossing, crossing
 from fedrcl.analysis.runs import Curve, has_logs, load_scalars
-from fedrcl.analysis.seed_stats import align, summarize_seeds
+from fedrcl.analysis.seed_stats import align, paired_differences, summarize_seeds, value_at
 from fedrcl.errors import command_error
 
 __all__ = ["RunResult", "load_paper_results", "run_setting", "collect_runs", "unread_versions", "experiment_key",
-           "seed_groups", "render_seed_table", "render_report", "main"]
+           "seed_groups", "method_key", "comparisons", "pair_by_seed", "comparison_rounds", "paired_crossings",
+           "render_seed_table", "render_paired", "render_report", "main"]
 
 EMA_TAG = "val/acc_ema"
 SEED_KEYS = ("seed_everything", "trainer.seed", "data.seed")
@@ -70,7 +85,16 @@ EXPERIMENT_IGNORES = (
     "trainer.log_every_n_steps", "trainer.eval_every", "trainer.rounds", "trainer.resume_allow_changes",
     "trainer.client_batching", "trainer.compile_clients", "trainer.accelerator", "trainer.strategy",
     "trainer.devices", "trainer.num_nodes", "torch_threads", "weights_only", "ckpt_path", "config")
+# The trainer arguments fedrcl's round loop owns, each with the only value it allows
+# (``fedrcl.federated.trainer.OWNED_BY_ROUNDS``, written out here because that module loads Lightning; a test
+# keeps the two in step). Older fedrcl wrote them into config.yaml, newer leaves them out: at that value they
+# say nothing about what was trained.
+ROUND_LOOP_VALUES = {"max_epochs": None, "min_epochs": None, "max_steps": -1, "check_val_every_n_epoch": 1,
+                     "reload_dataloaders_every_n_epochs": 0, "num_sanity_val_steps": None,
+                     "gradient_clip_val": None, "gradient_clip_algorithm": None}
 DEFAULT_SEED_TAGS = ("val/acc_ema", "val/acc")
+PAIRED_TAGS = {"EMA": EMA_TAG, "raw": "val/acc"}
+"""The accuracies the "Paired by seed" section compares, by the name it shows them under."""
 
 
 @dataclass
@@ -196,7 +220,8 @@ def _lookup(config: dict[str, Any], key: str) -> Any:
 
 def experiment_key(config: dict[str, Any]) -> str:
     """What a run trains, from its saved config: everything but the seeds and ``EXPERIMENT_IGNORES`` (each
-    dropped with what lies under it), as canonical JSON."""
+    dropped with what lies under it) and the ``trainer`` keys of ``ROUND_LOOP_VALUES`` at their value, as
+    canonical JSON."""
     kept = copy.deepcopy(config)
     for key in SEED_KEYS + EXPERIMENT_IGNORES:
         *parents, leaf = key.split(".")
@@ -205,7 +230,19 @@ def experiment_key(config: dict[str, Any]) -> str:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node.pop(leaf, None)
+    trainer = kept.get("trainer")
+    if isinstance(trainer, dict):
+        for key, value in ROUND_LOOP_VALUES.items():
+            if key in trainer and trainer[key] == value:
+                del trainer[key]
     return json.dumps(kept, sort_keys=True, default=str)
+
+
+def method_key(config: dict[str, Any]) -> str:
+    """``experiment_key`` with everything under ``model`` set aside but its backbone: what runs of two methods
+    compared on equal terms share (data, split, clients, rounds schedule, network)."""
+    model = config.get("model")
+    return experiment_key({**config, "model": {"backbone": _init_args(model).get("backbone")}})
 
 
 def _version_number(path: Path) -> int:
@@ -287,17 +324,83 @@ def seed_groups(runs: Sequence[RunResult]) -> list[list[RunResult]]:
     return _group_seeds(runs)[0]
 
 
+def comparisons(groups: Sequence[Sequence[RunResult]]) -> list[tuple[Sequence[RunResult], Sequence[RunResult]]]:
+    """``(reference, challenger)`` seed groups of ``seed_groups`` that differ only in the method (the same
+    ``method_key``): in each such family the reference is its FedAvg group (the paper's baseline; the first
+    one when several), else its first group, and every other group is a challenger, in the order of
+    ``groups``. A run without a saved config is in no family."""
+    families: dict[str, list[Sequence[RunResult]]] = {}
+    for group in groups:
+        if group[0].config:
+            families.setdefault(method_key(group[0].config), []).append(group)
+    compared = []
+    for family in families.values():
+        reference = next((g for g in family if g[0].setting["method"] == "FedAvg"), family[0])
+        compared += [(reference, group) for group in family if group is not reference]
+    return compared
+
+
+def _seed_order(seeds: tuple) -> tuple:
+    """Seeds in numeric order (seed 10 after seed 2), ``None`` or text after numbers."""
+    return tuple((0, v, "") if isinstance(v, int) else (1, 0, str(v)) for v in seeds)
+
+
+def pair_by_seed(reference: Sequence[RunResult],
+                 challenger: Sequence[RunResult]) -> dict[tuple, tuple[RunResult, RunResult]]:
+    """``{seeds: (reference run, challenger run)}`` for the seeds (``seed_everything``, ``trainer.seed``,
+    ``data.seed``, all three equal) both groups ran, in seed order: each pair shares its split, client
+    sampling and batches."""
+    by_seeds = {tuple(r.seeds.values()): r for r in reference}
+    pairs = {seeds: (by_seeds[seeds], run) for run in challenger
+             if (seeds := tuple(run.seeds.values())) in by_seeds}
+    return dict(sorted(pairs.items(), key=lambda item: _seed_order(item[0])))
+
+
+def comparison_rounds(pairs: dict[tuple, tuple[RunResult, RunResult]], rounds: Sequence[int] = ()) -> list[int]:
+    """``rounds`` when given, else the last round all paired runs logged ``val/acc_ema`` at (none when they
+    share no round)."""
+    if rounds:
+        return list(rounds)
+    curves = [run.curves[EMA_TAG] for pair in pairs.values() for run in pair if EMA_TAG in run.curves]
+    if not pairs or len(curves) < 2 * len(pairs):
+        return []
+    common, _ = align(curves)
+    return [int(common[-1])] if len(common) else []
+
+
+def _through(curve: Curve, last: int) -> Curve:
+    """``curve`` up to round ``last``."""
+    rounds, values = curve
+    return rounds[rounds <= last], values[rounds <= last]
+
+
+def paired_crossings(pairs: dict[tuple, tuple[RunResult, RunResult]], through: int) -> dict[tuple, Crossing]:
+    """Per seed pair, where the challenger's ``val/acc_ema`` passes the reference's (``crossing``) on their
+    common rounds up to ``through``: a run that went further is cut there, so every seed is read over the same
+    rounds. Pairs without such a common round are left out."""
+    out = {}
+    for seeds, (reference, challenger) in pairs.items():
+        ref_curve, ch_curve = reference.curves.get(EMA_TAG), challenger.curves.get(EMA_TAG)
+        if ref_curve is None or ch_curve is None:
+            continue
+        ref_curve, ch_curve = _through(ref_curve, through), _through(ch_curve, through)
+        if len(np.intersect1d(ref_curve[0], ch_curve[0])):
+            out[seeds] = crossing(ref_curve, ch_curve)
+    return out
+
+
 def _seed_label(runs: Sequence[RunResult], key: str) -> str:
     values = sorted({str(r.seeds[key]) for r in runs})
     return ",".join(values)
 
 
 def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_SEED_TAGS,
-                      root: Optional[Path] = None) -> list[str]:
+                      root: Optional[Path] = None, rounds: Sequence[int] = ()) -> list[str]:
     """The "Seeds" section: per experiment, per tag, mean ± std over its runs, n and the 95% interval.
 
     Values are in % for tags of accuracies (``.../acc...``), as logged otherwise; each at the last round
-    every run of the experiment logged the tag (``@`` that round). Paths are shown relative to ``root``.
+    every run of the experiment logged the tag (``@`` that round), and in a second table at each of
+    ``rounds``, over the runs that logged it. Paths are shown relative to ``root``.
     """
     out = ["## Seeds", "",
            "Runs that differ only in seeds, grouped: mean ± sample std over the runs, n, and the 95% "
@@ -312,14 +415,47 @@ def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_S
     out += ["| " + " | ".join(header) + " |", "|:--|:--|:--|--:|:--|" + "--:|--:|" * len(tags)]
     for group in groups:
         s = group[0].setting
-        paths = sorted({_where(r.path.parent if r.path.name.startswith("seed") else r.path, root) for r in group})
         seeds = " / ".join(_seed_label(group, k) for k in SEED_KEYS)
-        cells = [_md(", ".join(paths)), _md(s["method"]), _md(s["server"]), str(len(group)), seeds]
+        cells = [_md(_group_where(group, root)), _md(s["method"]), _md(s["server"]), str(len(group)), seeds]
         for tag in tags:
             cells += _seed_cells(group, tag)
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
-    return out
+    if not rounds:
+        return out
+    out += ["The same at the rounds asked for (`--rounds`), each over the runs that logged that round: mean ± "
+            "sample std [95% interval] (n); \"-\" where none did.", "",
+            "| Experiment | Method | Tag | " + " | ".join(f"round {r}" for r in rounds) + " |",
+            "|:--|:--|:--|" + "--:|" * len(rounds)]
+    for group in groups:
+        for tag in tags:
+            values = [[v for run in group if tag in run.curves and (v := value_at(run.curves[tag], r)) is not None]
+                      for r in rounds]
+            cells = [_summary_cell([_scale(tag) * v for v in at_round]) for at_round in values]
+            out.append(f"| {_md(_group_where(group, root))} | {_md(group[0].setting['method'])} | {_md(tag)} | "
+                       + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def _group_where(group: Sequence[RunResult], root: Optional[Path]) -> str:
+    """The folders of a seed group's runs (``<name>`` for ``<name>/seed<k>`` runs), relative to ``root``."""
+    return ", ".join(sorted({_where(r.path.parent if r.path.name.startswith("seed") else r.path, root)
+                             for r in group}))
+
+
+def _scale(tag: str) -> float:
+    """100 for accuracies (``.../acc...``, shown in %), else 1."""
+    return 100.0 if "acc" in tag.rsplit("/", 1)[-1] else 1.0
+
+
+def _summary_cell(values: Sequence[float]) -> str:
+    """``mean ± std [low, high] (n=k)``; ``mean (n=1)`` for one value; "-" for none."""
+    if not values:
+        return "-"
+    s = summarize_seeds(values)
+    if s.n < 2:
+        return f"{s.mean:.2f} (n=1)"
+    return f"{s.mean:.2f} ± {s.std:.2f} [{s.mean - s.ci95:.2f}, {s.mean + s.ci95:.2f}] (n={s.n})"
 
 
 def _seed_cells(group: Sequence[RunResult], tag: str) -> list[str]:
@@ -333,11 +469,73 @@ def _seed_cells(group: Sequence[RunResult], tag: str) -> list[str]:
     if not len(common):
         return ["", ""]
     at = int(common[-1])
-    scale = 100.0 if "acc" in tag.rsplit("/", 1)[-1] else 1.0
+    scale = _scale(tag)
     summary = summarize_seeds(values[:, -1])
     ci = "" if summary.n < 2 else \
         f"[{scale * (summary.mean - summary.ci95):.2f}, {scale * (summary.mean + summary.ci95):.2f}]"
     return [f"{summary.format(scale)} @{at}", ci]
+
+
+def render_paired(runs: Sequence[RunResult], rounds: Sequence[int] = (), root: Optional[Path] = None) -> list[str]:
+    """The "Paired by seed" section: per challenger of ``comparisons``, its runs and the reference's (raw /
+    EMA accuracy at each of ``comparison_rounds`` and the rounds run), the paired differences per seed and
+    over seeds (``PAIRED_TAGS``), and per seed where the challenger's EMA passes the reference's for good."""
+    out = ["## Paired by seed", "",
+           "Seed groups that differ only in the method (the same data, split, clients, rounds schedule and "
+           "network) are compared with the FedAvg group among them (else the first), run by run under the same "
+           "seeds (init, sampling and split: the same split, client sampling and batches). Per run, test "
+           "accuracy raw / EMA (%) at the rounds asked for (`--rounds`; default: the last round all paired runs "
+           "logged), \"-\" where not logged; then the challenger minus the reference in points, per seed "
+           "(s<seed>) and over the seeds where both logged the round: mean ± sample std [95% Student-t "
+           "interval] (n); last, per seed, where the challenger's EMA passes the reference's for good, on their "
+           "common rounds up to the last of those rounds.", ""]
+    compared = comparisons(seed_groups(runs))
+    if not compared:
+        return out + ["No seed groups that differ only in the method.", ""]
+    for reference, challenger in compared:
+        ref_name, ch_name = reference[0].setting["method"], challenger[0].setting["method"]
+        ref_where, ch_where = _group_where(reference, root), _group_where(challenger, root)
+        if ref_name == ch_name:  # the same method under other arguments: the folders tell them apart
+            ref_name, ch_name = ref_where, ch_where
+        out += [f"### {_md(ch_name)} ({_md(ch_where)}) against {_md(ref_name)} ({_md(ref_where)})", ""]
+        pairs = pair_by_seed(reference, challenger)
+        at = comparison_rounds(pairs, rounds)
+        if not pairs or not at:
+            out += ["No seeds in common." if not pairs else "No round all the paired runs logged.", ""]
+            continue
+        header = " | ".join(f"round {r}" for r in at)
+        out += [f"| method | seed | run | {header} | rounds run |", "|:--|--:|:--|" + "--:|" * (len(at) + 1)]
+        for name, group in ((ref_name, reference), (ch_name, challenger)):
+            for run in sorted(group, key=lambda r: _seed_order(tuple(r.seeds.values()))):
+                cells = [_raw_ema(run, r) for r in at]
+                out.append(f"| {_md(name)} | {run.seeds['seed_everything']} | {_md(_where(run.path, root))} | "
+                           + " | ".join(cells) + f" | {run.rounds_logged} |")
+        out += ["", f"| {_md(ch_name)} minus {_md(ref_name)} | {header} |", "|:--|" + "--:|" * len(at)]
+        for label, tag in PAIRED_TAGS.items():
+            curves = {seeds: (ref.curves[tag], ch.curves[tag]) for seeds, (ref, ch) in pairs.items()
+                      if tag in ref.curves and tag in ch.curves}
+            diffs = [{seeds: 100 * d for seeds, d in paired_differences(curves, r).items()} for r in at]
+            per_seed = [", ".join(f"s{seeds[0]} {d:+.2f}" for seeds, d in by_seeds.items()) or "-"
+                        for by_seeds in diffs]
+            out.append(f"| {label}, per seed | " + " | ".join(per_seed) + " |")
+            out.append(f"| {label}, mean | " + " | ".join(_summary_cell(list(d.values())) for d in diffs) + " |")
+        out.append("")
+        for seeds, c in paired_crossings(pairs, at[-1]).items():
+            first = "never above" if c.first_above is None else f"first above at round {c.first_above}"
+            stays = "not above" if c.above_from is None else f"above for good from round {c.above_from}"
+            out.append(f"- seed {seeds[0]}, {ch_name} vs {ref_name} EMA: {first}; {stays} through round "
+                       f"{c.last_common} (last common round, gap {100 * c.gap_at_last:+.2f})")
+        out.append("")
+    return out
+
+
+def _raw_ema(run: RunResult, round_idx: int) -> str:
+    """``raw / EMA`` accuracy in % at ``round_idx``, "-" for a value not logged there (alone when neither is)."""
+    values = [value_at(run.curves[PAIRED_TAGS[name]], round_idx) if PAIRED_TAGS[name] in run.curves else None
+              for name in ("raw", "EMA")]
+    if all(v is None for v in values):
+        return "-"
+    return " / ".join("-" if v is None else f"{100 * v:.2f}" for v in values)
 
 
 def _matches(setting: dict[str, Any], required: dict[str, Any]) -> bool:
@@ -510,9 +708,10 @@ def _render_paper_cells(tables: list[dict[str, Any]], shown: dict[tuple, list[Ru
 
 def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = None, title: str = "",
                   seed_tags: Sequence[str] = DEFAULT_SEED_TAGS, paper_tables: bool = False,
-                  unread: Sequence[tuple[Path, str]] = (), root: Optional[str | Path] = None) -> str:
-    """The markdown report: the runs, the seeds table, what was left out, then the paper's cells they fill
-    (every table of the paper, with our rows, when ``paper_tables``).
+                  unread: Sequence[tuple[Path, str]] = (), root: Optional[str | Path] = None,
+                  rounds: Sequence[int] = ()) -> str:
+    """The markdown report: the runs, the seeds table, the methods paired by seed, what was left out, then the
+    paper's cells they fill (every table of the paper, with our rows, when ``paper_tables``).
 
     Args:
         runs: ``collect_runs(root)``.
@@ -522,6 +721,7 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
         paper_tables: print the paper's tables in full.
         unread: ``unread_versions(root)``, listed under "Left out".
         root: paths are shown relative to it.
+        rounds: the rounds of the Seeds section's second table and of the paired comparisons.
     """
     paper = load_paper_results() if paper is None else paper
     root = Path(root) if root is not None else None
@@ -533,7 +733,8 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
             placed.setdefault(id(run), []).append(cell)
     out = [f"# fedrcl report{': ' + title if title else ''}", ""]
     out += _render_runs(runs, placed, root)
-    out += render_seed_table(runs, seed_tags, root)
+    out += render_seed_table(runs, seed_tags, root, rounds)
+    out += render_paired(runs, rounds, root)
     out += _render_left_out(runs, unread, root)
     if not paper_tables:
         return "\n".join(out + _render_paper_cells(tables, shown))
@@ -549,14 +750,17 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """``fedrcl report RUNS_DIR [--out FILE] [--tags TAG ...] [--paper]``."""
+    """``fedrcl report RUNS_DIR [--out FILE] [--tags TAG ...] [--rounds R ...] [--paper]``."""
     parser = argparse.ArgumentParser(
-        prog="fedrcl report", description="Markdown tables of your runs, their seeds, and the paper's cells "
-                                          "they fill.")
+        prog="fedrcl report", description="Markdown tables of your runs, their seeds, their methods paired by "
+                                          "seed, and the paper's cells they fill.")
     parser.add_argument("runs_dir", metavar="RUNS_DIR", help="folder holding the runs (a logger's save_dir)")
     parser.add_argument("--out", help="write the markdown here instead of printing it")
     parser.add_argument("--tags", nargs="+", default=list(DEFAULT_SEED_TAGS),
                         help="scalars summarised over seeds in the Seeds section (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, nargs="+", default=[], metavar="R",
+                        help="also summarise the seed groups at these rounds, and compare the methods paired by "
+                             "seed at them (default: the last round all paired runs logged)")
     parser.add_argument("--paper", action="store_true",
                         help="print every table of the paper with our rows beneath its rows, not only the "
                              "cells our runs fill")
@@ -570,7 +774,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                       "folders, each with the config.yaml of `fedrcl fit` and TensorBoard event files or a "
                       "CSVLogger metrics.csv)")
     text = render_report(runs, title=args.runs_dir, seed_tags=args.tags, paper_tables=args.paper,
-                         unread=unread, root=Path(args.runs_dir))
+                         unread=unread, root=Path(args.runs_dir), rounds=args.rounds)
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")
     else:

@@ -1,4 +1,5 @@
-"""``crossing`` on hand-made curves, and the long-horizon script on the committed CPU runs."""
+"""``crossing`` and paired differences on hand-made curves; the long-horizon script and ``fedrcl report``'s
+paired comparison on the committed CPU runs."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from fedrcl.analysis import crossing
+from fedrcl.analysis import crossing, paired_differences, value_at
 
 
 def curve(rounds, values):
@@ -49,6 +50,21 @@ def test_only_common_rounds_count():
         crossing(ref, curve([20], [1]))
 
 
+def test_a_value_is_the_one_logged_at_that_round_only():
+    c = curve([1, 2, 4], [0.1, 0.2, 0.4])
+    assert value_at(c, 2) == 0.2
+    assert value_at(c, 3) is None and value_at(c, 5) is None   # not evaluated then; not reached
+
+
+def test_paired_differences_are_per_seed_at_one_round_over_the_seeds_that_logged_it():
+    pairs = {3: (curve([1, 2, 3], [10, 20, 30]), curve([1, 2, 3], [12, 18, 35])),
+             1: (curve([1, 2], [10, 20]), curve([1, 2, 3], [11, 25, 40])),   # the reference stopped at round 2
+             2: (curve([2, 4], [1, 2]), curve([1, 3], [5, 6]))}              # evaluated at other rounds
+    assert list(paired_differences(pairs, 2).items()) == [(3, -2.0), (1, 5.0)]   # challenger minus reference
+    assert paired_differences(pairs, 3) == {3: 5.0}
+    assert paired_differences(pairs, 9) == {}
+
+
 @pytest.mark.parametrize("network, columns", [
     ("cnn", [50, *range(100, 1001, 100)]),           # section "Long horizon ... (small CNN, CPU)"
     ("r8", [50, 100, 200, 300, 500, 700, 1000]),     # section "Long horizon: ResNet-18-GN width 8"
@@ -70,24 +86,32 @@ def test_long_horizon_table_in_the_docs_is_what_the_committed_runs_say(tmp_path,
     assert (tmp_path / "long.png").stat().st_size > 10_000
 
 
-def test_width8_seed_progress_in_cpu_runs_readme_is_what_the_committed_runs_say():
-    """bench/seed_pairs.py on the committed width-8 runs (seed 0 and issue 34's seeds) prints the per-run rows and
-    the paired EMA differences of docs/cpu_runs/README.md's progress table."""
-    runs = REPO / "docs" / "cpu_runs"
-    readme = (runs / "README.md").read_text(encoding="utf-8")
+def test_width8_seed_progress_in_cpu_runs_readme_is_what_the_committed_runs_say(capsys, monkeypatch):
+    """The README's ``fedrcl report`` command on the committed width-8 runs (seed 0 and issue 34's seeds 1, 2)
+    prints its rows: per method one seed group of three runs, the Seeds table at the rounds asked for, and
+    FedRCL's comparison with FedAvg paired by seed (per-run rows with the rounds run, paired differences,
+    crossing lines)."""
+    from fedrcl.report import main as report
+
+    readme = (REPO / "docs" / "cpu_runs" / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("# Long CPU runs: ResNet-18-GN width 8, seeds 1 and 2"):]
-    header = next(line for line in section.splitlines() if line.startswith("| method | seed | round "))
-    rounds = [cell.removeprefix("round ") for cell in header.strip("|").split(" | ")[2:-1]]
-    cmd = [sys.executable, str(REPO / "bench" / "seed_pairs.py"),
-           f"FedAvg={runs / 'r8_fedavg'},{runs / 'r8_seeds' / 'fedavg'}",
-           f"FedRCL={runs / 'r8_fedrcl'},{runs / 'r8_seeds' / 'fedrcl'}", "--rounds", *rounds]
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
-    rows = [line for line in lines if line.startswith(("| FedAvg | 0", "| FedAvg | 1", "| FedAvg | 2",
-                                                        "| FedRCL | 0", "| FedRCL | 1", "| FedRCL | 2"))]
-    assert len(rows) >= 4
-    rows += [line for line in lines if line.startswith("| EMA, per seed |")]
-    for row in rows:
+    command = next(line for line in section.splitlines() if line.startswith("fedrcl report "))
+    monkeypatch.chdir(REPO)
+    report(command.split()[2:])
+    out = capsys.readouterr().out
+    seeds = out.split("\n## Seeds\n", 1)[1].split("\n## ", 1)[0]
+    last_common, at_rounds = seeds.split("\nThe same at the rounds asked for", 1)
+    groups = [line.split(" | ")[:4] for line in last_common.splitlines() if line.startswith("| r8_")]
+    assert groups == [["| r8_fedavg, r8_seeds/fedavg", "FedAvg", "FedAvg", "3"],
+                      ["| r8_fedrcl, r8_seeds/fedrcl", "FedRCL", "FedAvg", "3"]]   # seed 0 beside seeds 1, 2
+    table = at_rounds[at_rounds.index("| Experiment | Method | Tag |"):].splitlines()
+    rows = table[:2] + [line for line in table if line.startswith("| r8_")]
+    assert len(rows) == 6
+    paired = out.split("\n## Paired by seed\n", 1)[1].split("\n## ", 1)[0]
+    block = next(b for b in paired.split("\n### ")[1:] if b.startswith("FedRCL (r8_fedrcl, r8_seeds/fedrcl) "
+                                                                      "against FedAvg (r8_fedavg, r8_seeds/fedavg)"))
+    lines = [line for line in block.splitlines() if line.startswith(("|", "- "))]
+    assert sum(line.startswith(("| FedAvg | ", "| FedRCL | ")) for line in lines) == 6   # seeds 0, 1, 2
+    assert sum(line.startswith("- seed ") for line in lines) == 3
+    for row in rows + lines:
         assert row in section, row

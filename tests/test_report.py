@@ -17,9 +17,16 @@ from fedrcl.report import (
     RunResult,
     _cells,
     collect_runs,
+    comparison_rounds,
+    comparisons,
+    experiment_key,
     load_paper_results,
+    method_key,
+    pair_by_seed,
+    paired_crossings,
     render_report,
     run_setting,
+    seed_groups,
     unread_versions,
 )
 
@@ -162,6 +169,13 @@ def rows_of(markdown: str, heading: str) -> dict[str, list[str]]:
     return {cells[0]: cells[1:] for cells in rows}
 
 
+def table_under(markdown: str, header: str) -> list[list[str]]:
+    """The cells of each row of the table whose header line is ``header``."""
+    after = markdown.split(f"\n{header}\n", 1)[1].splitlines()[1:]
+    return [[c.strip() for c in line.strip("|").split("|")]
+            for line in itertools.takewhile(lambda line: line.startswith("|"), after)]
+
+
 @pytest.fixture
 def fake_runs(tmp_path):
     root = tmp_path / "runs"
@@ -296,11 +310,11 @@ def test_fedrcl_report_command_reads_real_runs(tmp_path, data_root, capsys):
 def test_report_lists_your_runs_first_and_only_the_paper_cells_they_fill(fake_runs):
     markdown = render_report(collect_runs(fake_runs), root=fake_runs)
     headings = [line for line in markdown.splitlines() if line.startswith("## ")]
-    assert headings == ["## Your runs", "## Seeds", "## Left out", "## Beside the paper"]
+    assert headings == ["## Your runs", "## Seeds", "## Paired by seed", "## Left out", "## Beside the paper"]
     assert "### CIFAR-100" not in markdown and "(paper)" not in markdown  # the full tables need --paper
     assert "| tab:cifar100 | CIFAR-100 | FedRCL | α=0.05 | 500 | 43.71 | 50.00 (+6.29) |" in markdown
     assert "| tab:cifar100 | CIFAR-100 | FedRCL | α=0.05 | 1000 | 54.63 | 60.00* (+5.37) |" in markdown
-    assert len(markdown.splitlines()) < 60
+    assert len(markdown.splitlines()) < 80  # FedRCL and FedAvg of cifar100_a005 paired: 17 lines of it
     assert "cpu/cifar10_a005_cnn" in rows_of(markdown, "## Your runs")  # paths relative to RUNS_DIR
 
 
@@ -309,6 +323,134 @@ def test_experiment_ignores_cover_the_resume_fingerprints_ignored_keys():
     from fedrcl.report import EXPERIMENT_IGNORES
 
     assert set(IGNORED) <= set(EXPERIMENT_IGNORES)
+
+
+def test_round_loop_values_are_the_trainers_owned_arguments():
+    from fedrcl.federated.trainer import OWNED_BY_ROUNDS
+    from fedrcl.report import ROUND_LOOP_VALUES
+
+    assert ROUND_LOOP_VALUES == {key: value for key, (value, _) in OWNED_BY_ROUNDS.items()}
+
+
+def test_round_loop_keys_an_older_fedrcl_wrote_do_not_make_another_experiment():
+    """Seed 0 of the width-8 runs was saved with ``max_epochs: null`` ... ; its later seeds without."""
+    newer = fake_config()
+    older = fake_config()
+    older["trainer"].update(max_epochs=None, min_epochs=None, max_steps=-1, check_val_every_n_epoch=1,
+                            num_sanity_val_steps=None, gradient_clip_val=None, gradient_clip_algorithm=None,
+                            reload_dataloaders_every_n_epochs=0)
+    assert experiment_key(older) == experiment_key(newer)
+    older["trainer"]["max_steps"] = 100  # not the round loop's value: the config says something else
+    assert experiment_key(older) != experiment_key(newer)
+
+
+def test_the_committed_width8_runs_of_three_seeds_are_one_seed_group_per_method():
+    runs = collect_runs(REPO / "docs" / "cpu_runs" / "r8_fedavg") + \
+        collect_runs(REPO / "docs" / "cpu_runs" / "r8_seeds" / "fedavg")
+    (group,) = seed_groups(runs)
+    assert sorted(run.seeds["seed_everything"] for run in group) == [0, 1, 2]
+
+
+def toy_run(method: str, seed: int, ema: Optional[list[float]] = None, raw: Optional[list[float]] = None,
+            lr: float = 0.1, width: int = 8, data_seed: int = 0) -> RunResult:
+    """A run of ``method`` under ``seed`` (``data.seed`` 0) with curves at rounds 1, 2, ... (fractions)."""
+    config = fake_config(method=method)
+    config["seed_everything"] = seed
+    config["trainer"]["seed"] = seed
+    config["data"]["seed"] = data_seed
+    config["model"]["init_args"].update(lr=lr)
+    config["model"]["init_args"]["backbone"]["init_args"]["width"] = width
+    curves = {tag: (np.arange(1, len(values) + 1), np.asarray(values, dtype=np.float64))
+              for tag, values in (("val/acc_ema", ema), ("val/acc", raw)) if values is not None}
+    return RunResult(REPO / f"{method}_lr{lr}_w{width}" / f"seed{seed}", ("version_0",), run_setting(config),
+                     config=config, curves=curves)
+
+
+def test_method_key_sets_the_method_aside_but_keeps_the_network():
+    fedrcl, fedavg = toy_run("FedRCL", 0).config, toy_run("FedAvg", 0, lr=0.05).config
+    assert method_key(fedrcl) == method_key(fedavg) and experiment_key(fedrcl) != experiment_key(fedavg)
+    assert method_key(toy_run("FedAvg", 0, width=16).config) != method_key(fedavg)
+    other_split = toy_run("FedAvg", 0).config
+    other_split["data"]["alpha"] = 0.3
+    assert method_key(other_split) != method_key(fedavg)
+
+
+def test_methods_are_compared_with_fedavg_else_the_first_group():
+    runs = [toy_run(method, seed, lr=lr, width=width) for method, lr, width in
+            (("FedRCL", 0.1, 8), ("FedAvg", 0.1, 8), ("FedRCL", 0.05, 8), ("FedRCL", 0.1, 16), ("FedLC", 0.1, 16))
+            for seed in (0, 1)]
+    groups = seed_groups(runs)
+    names = {id(group): (group[0].setting["method"], group[0].config["model"]["init_args"]["lr"],
+                         group[0].setting["width"]) for group in groups}
+    assert [(names[id(ref)], names[id(ch)]) for ref, ch in comparisons(groups)] == [
+        (("FedAvg", 0.1, 8), ("FedRCL", 0.1, 8)),
+        (("FedAvg", 0.1, 8), ("FedRCL", 0.05, 8)),
+        (("FedRCL", 0.1, 16), ("FedLC", 0.1, 16)),  # no FedAvg of width 16: the first group is the reference
+    ]
+    assert comparisons(seed_groups(runs[:2])) == []
+
+
+def test_runs_pair_when_all_their_seeds_are_equal_in_seed_order():
+    reference = [toy_run("FedAvg", seed) for seed in (10, 2, 0)]
+    challenger = [toy_run("FedRCL", 2), toy_run("FedRCL", 10), toy_run("FedRCL", 0, data_seed=1),
+                  toy_run("FedRCL", 3)]
+    pairs = pair_by_seed(reference, challenger)
+    assert list(pairs) == [(2, 2, 0), (10, 10, 0)]  # seed 0 of another split and seed 3 have no partner
+    assert pairs[(10, 10, 0)] == (reference[0], challenger[1])
+
+
+def test_paired_rounds_default_to_the_last_round_all_paired_runs_logged():
+    pairs = pair_by_seed([toy_run("FedAvg", 0, [0.1] * 5), toy_run("FedAvg", 1, [0.1] * 9)],
+                         [toy_run("FedRCL", 0, [0.1] * 7), toy_run("FedRCL", 1, [0.1] * 4),
+                          toy_run("FedRCL", 2, [0.1] * 2)])
+    assert comparison_rounds(pairs) == [4]  # seed 2 has no FedAvg run: not paired
+    assert comparison_rounds(pairs, [3, 8]) == [3, 8]
+    assert comparison_rounds({}) == []
+
+
+def test_seed_crossings_are_read_up_to_the_last_round_asked_for():
+    reference = [toy_run("FedAvg", 0, [0.3, 0.3, 0.3, 0.3, 0.3, 0.3]), toy_run("FedAvg", 1, [0.3, 0.3, 0.3])]
+    challenger = [toy_run("FedRCL", 0, [0.2, 0.4, 0.2, 0.4, 0.4, 0.2]), toy_run("FedRCL", 1, [0.4, 0.2, 0.4, 0.4])]
+    crossings = paired_crossings(pair_by_seed(reference, challenger), through=5)
+    seed0, seed1 = crossings[(0, 0, 0)], crossings[(1, 1, 0)]
+    # seed 0 cut at round 5 (it falls below at 6); seed 1's reference stops at 3
+    assert (seed0.first_above, seed0.above_from, seed0.last_common) == (2, 4, 5)
+    assert seed0.gap_at_last == pytest.approx(0.1)
+    assert (seed1.first_above, seed1.above_from, seed1.last_common) == (1, 3, 3)
+    assert paired_crossings(pair_by_seed(reference, challenger), through=0) == {}
+
+
+def test_report_pairs_methods_by_seed_at_the_rounds_asked_for():
+    """Two seeds of FedAvg and FedRCL, hand-made curves: the paired rows and crossing lines, and the Seeds
+    section at the rounds asked for."""
+    runs = [toy_run("FedAvg", 0, ema=[0.10, 0.20, 0.30, 0.40], raw=[0.10, 0.20, 0.30, 0.40]),
+            toy_run("FedAvg", 1, ema=[0.10, 0.20, 0.30, 0.40], raw=[0.10, 0.20, 0.30, 0.40]),
+            toy_run("FedRCL", 0, ema=[0.05, 0.25, 0.35, 0.45], raw=[0.10, 0.20, 0.30, 0.40]),
+            toy_run("FedRCL", 1, ema=[0.12, 0.18, 0.33, 0.47], raw=[0.10, 0.20, 0.30]),
+            toy_run("FedLC", 5, ema=[0.1])]  # no FedAvg run of seed 5: compared, but nothing to pair
+    markdown = render_report(runs, root=REPO, rounds=[2, 4])
+    paired = markdown.split("## Paired by seed\n", 1)[1].split("\n## ", 1)[0]
+    assert "### FedRCL (FedRCL_lr0.1_w8) against FedAvg (FedAvg_lr0.1_w8)" in paired
+    assert "| FedRCL | 1 | FedRCL_lr0.1_w8/seed1 | 20.00 / 18.00 | - / 47.00 | 4 |" in paired
+    header = "| FedRCL minus FedAvg | round 2 | round 4 |"
+    differences = {cells[0]: cells[1:] for cells in table_under(paired, header)}
+    assert differences["EMA, per seed"] == ["s0 +5.00, s1 -2.00", "s0 +5.00, s1 +7.00"]
+    # 6 ± sqrt(2), 95% interval 6 ± t(1) sqrt(2) / sqrt(2) = 6 ± 12.706
+    assert differences["EMA, mean"] == ["1.50 ± 4.95 [-42.97, 45.97] (n=2)", "6.00 ± 1.41 [-6.71, 18.71] (n=2)"]
+    assert differences["raw, per seed"] == ["s0 +0.00, s1 +0.00", "s0 +0.00"]  # seed 1's raw stops at 3
+    assert differences["raw, mean"] == ["0.00 ± 0.00 [0.00, 0.00] (n=2)", "0.00 (n=1)"]
+    assert [line for line in paired.splitlines() if line.startswith("- ")] == [
+        "- seed 0, FedRCL vs FedAvg EMA: first above at round 2; above for good from round 2 through round 4 "
+        "(last common round, gap +5.00)",
+        "- seed 1, FedRCL vs FedAvg EMA: first above at round 1; above for good from round 3 through round 4 "
+        "(last common round, gap +7.00)"]
+    assert "### FedLC (FedLC_lr0.1_w8) against FedAvg (FedAvg_lr0.1_w8)\n\nNo seeds in common." in paired
+    at_rounds = table_under(markdown, "| Experiment | Method | Tag | round 2 | round 4 |")
+    assert ["FedRCL_lr0.1_w8", "FedRCL", "val/acc_ema", "21.50 ± 4.95 [-22.97, 65.97] (n=2)",
+            "46.00 ± 1.41 [33.29, 58.71] (n=2)"] in at_rounds
+    # without --rounds: the last round all paired runs logged, where seed 1's raw accuracy is missing
+    paired = render_report(runs, root=REPO).split("## Paired by seed\n", 1)[1]
+    assert "| FedRCL | 1 | FedRCL_lr0.1_w8/seed1 | - / 47.00 | 4 |" in paired
 
 
 def test_report_reads_csvlogger_runs(tmp_path):

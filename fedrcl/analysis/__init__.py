@@ -8,7 +8,7 @@
   mix and the round's local models (``label_mix_accuracy``, ``spread_summary``: pure functions).
 - ``compare``: ``crossing``: the rounds where one method's curve passes another's (the paper's headline).
 - ``seed_stats``: ``summarize_seeds``, ``t_quantile``, ``seed_curves``, ``align``, ``mean_band``: mean, std
-  and 95% interval over seeds.
+  and 95% interval over seeds; ``value_at``, ``paired_differences``: two methods' runs compared seed by seed.
 - ``layout``: ``ScalarLayout``, the TensorBoard Custom Scalars layout every run writes (accuracy first).
 - ``clients``: ``partition_counts``; ``python -m fedrcl.analysis.partitions`` writes a partition PNG.
 - ``plots``: ``plot_partition``, ``plot_runs``, ``plot_levels``, ``plot_seed_groups`` (matplotlib, imported on
@@ -29,7 +29,8 @@ _MODULES = {
     "monitor": ("RepresentationMonitor",),
     "plots": ("LEVEL_METRICS", "plot_levels", "plot_partition", "plot_runs", "plot_seed_groups"),
     "runs": ("find_runs", "load_scalars"),
-    "seed_stats": ("SeedSummary", "align", "mean_band", "seed_curves", "summarize_seeds", "t_quantile"),
+    "seed_stats": ("SeedSummary", "align", "mean_band", "paired_differences", "seed_curves", "summarize_seeds",
+                   "t_quantile", "value_at"),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 

@@ -1,23 +1,27 @@
-"""Statistics over seeds: mean, sample std, n and a 95% Student-t interval, for numbers and for curves.
+"""Statistics over seeds: mean, sample std, n and a 95% Student-t interval, for numbers and for curves; two
+methods' runs paired by seed.
 
 The runs of one experiment under several seeds (``fedrcl seeds``) differ only in client sampling, batches,
 augmentation and initialisation; their spread is the noise any comparison between methods must beat.
 The 95% interval is ``mean +- t_{0.975, n-1} * std / sqrt(n)`` with the sample std (ddof 1); the t
 quantiles are a table for 1-30 degrees of freedom and a Cornish-Fisher expansion beyond (error < 1e-5), so
-scipy is not needed.
+scipy is not needed. Two methods run under the same seeds (the same split, client sampling and batches) are
+compared seed by seed (``paired_differences``): the per-seed differences are then summarized like any number.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 import numpy as np
 
 from fedrcl.analysis.runs import Curve, has_logs, load_scalars
 
-__all__ = ["SeedSummary", "align", "mean_band", "seed_curves", "seed_runs", "summarize_seeds", "t_quantile"]
+__all__ = ["SeedSummary", "align", "mean_band", "paired_differences", "seed_curves", "seed_runs", "summarize_seeds",
+           "t_quantile", "value_at"]
 
 # t_{0.975, df} for df = 1..30.
 _T975 = (12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252,
@@ -88,6 +92,26 @@ def align(curves: Sequence[Curve]) -> tuple[np.ndarray, np.ndarray]:
     for rounds, _ in curves[1:]:
         common = np.intersect1d(common, rounds)
     return common, np.stack([vals[np.searchsorted(rounds, common)] for rounds, vals in curves])
+
+
+def value_at(curve: Curve, round_idx: int) -> Optional[float]:
+    """The value ``curve`` logged at ``round_idx``, or None where it logged none there (not reached, or not
+    evaluated that round): runs are compared at the same round, never at a nearby one."""
+    rounds, values = curve
+    hit = np.flatnonzero(np.asarray(rounds) == round_idx)
+    return float(np.asarray(values)[hit[0]]) if len(hit) else None
+
+
+def paired_differences(pairs: Mapping[Any, tuple[Curve, Curve]], round_idx: int) -> dict[Any, float]:
+    """``{seeds: challenger - reference}`` at ``round_idx``, from ``{seeds: (reference, challenger)}``, for the
+    pairs where both curves logged that round (in the order of ``pairs``). The two runs of a pair shared the
+    seeds' split, client sampling and batches: their difference leaves out what the seeds change in both alike."""
+    out = {}
+    for seeds, (reference, challenger) in pairs.items():
+        ref, ch = value_at(reference, round_idx), value_at(challenger, round_idx)
+        if ref is not None and ch is not None:
+            out[seeds] = ch - ref
+    return out
 
 
 def mean_band(values: np.ndarray, band: str = "ci") -> tuple[np.ndarray, np.ndarray]:
