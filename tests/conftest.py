@@ -28,6 +28,21 @@ def assert_same_state(a: dict, b: dict) -> None:
             torch.testing.assert_close(value, b[key], rtol=1e-3, atol=1e-4, msg=key)
 
 
+def pytest_configure(config):
+    """Each pytest-xdist worker (setup.cfg: ``-n 2``) computes on one thread: two workers on two cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """Under ``--dist loadgroup`` a test file runs on one worker, so its module fixtures run once; the Flower
+    files share one worker, so their SuperLinks, SuperNodes and Ray never run side by side."""
+    for item in items:
+        module = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+        item.add_marker(pytest.mark.xdist_group("flower" if module.startswith("test_flower") else module))
+
+
 @pytest.fixture(autouse=True)
 def lightning_logs_reach_caplog(monkeypatch):
     """Lightning's logger propagates to the root logger (where ``caplog`` listens) only if the root had no
