@@ -8,6 +8,7 @@ still listed does not hold the start; a node that refuses its configuration stop
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -97,10 +98,10 @@ class ScriptedGrid:
         return Message(RecordDict(records), reply_to=message)
 
 
-def strategy_on(grid: ScriptedGrid, restart_wait: float = 30.0) -> FedrclStrategy:
+def strategy_on(grid: ScriptedGrid, restart_wait: float = 30.0, refusal_grace: float = 10.0) -> FedrclStrategy:
     strategy = FedrclStrategy(FedAvg(), [10 + k for k in range(CLIENTS)], 3, seed=0, node_wait=5.0,
                               restart_wait=restart_wait)
-    strategy.fleet.poll = 0.01
+    strategy.fleet.poll, strategy.fleet.refusal_grace = 0.01, refusal_grace
     strategy.fleet.discover(grid, strategy.node_wait)
     return strategy
 
@@ -227,3 +228,22 @@ def test_a_dead_node_still_listed_does_not_hold_the_start_and_a_bad_one_is_named
     grid.errors[104] = Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "partition-id=7 must be in [0, 2)")
     with pytest.raises(ClientFailure, match=r"node 104 refused to serve: partition-id=7 must be in \[0, 2\)"):
         strategy_on(grid)
+
+
+def test_every_node_that_refused_is_named_in_one_error():
+    """Two bad nodes: one error names both (an operator fixes them in one restart); a node still listed but
+    silent holds that error only ``refusal_grace`` seconds."""
+    grid = two_nodes()
+    for node, why in ((104, "partition-id=7 must be in [0, 2)"), (105, "data-root '/missing' does not exist")):
+        grid.start(node, 0)
+        grid.errors[node] = Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, why)
+    with pytest.raises(ClientFailure) as refused:
+        strategy_on(grid)
+    assert str(refused.value) == ("node 104 refused to serve: partition-id=7 must be in [0, 2); "
+                                  "node 105 refused to serve: data-root '/missing' does not exist")
+    grid.start(106, 1)
+    grid.kill(106)  # listed, never answers its query
+    started = time.monotonic()
+    with pytest.raises(ClientFailure, match=r"^node 104 refused .*; node 105 refused [^;]*$"):
+        strategy_on(grid, refusal_grace=0.3)
+    assert 0.3 <= time.monotonic() - started < 4.0

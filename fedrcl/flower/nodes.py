@@ -4,7 +4,8 @@ A node serves one partition of the clients (``partition-id`` of ``num-partitions
 The server knows nodes by *incarnation*: Flower's node id and the time it was last activated, so a SuperNode
 restarted by a supervisor is a new incarnation whether it comes back with a new id (no authentication) or
 with its old one (an authenticated node's key). ``Fleet`` asks each new incarnation which partition it
-serves (a ``query`` message; the node checks its configuration there and refuses a bad one, named) and
+serves (a ``query`` message; the node checks its configuration there and refuses a bad one, named; one
+error names every node that refused) and
 sends a partition's messages to its newest incarnation.
 
 ``Fleet.exchange`` is the round's send-and-receive: it pushes one message per partition and polls for the
@@ -72,12 +73,16 @@ class Fleet:
         query: the content of a ``query`` message (fedrcl's arguments for the node to check itself against).
         restart_wait: seconds a round waits for a lost partition's node to come back.
         poll: seconds between two polls of the SuperLink.
+        refusal_grace: seconds the start waits, after a node refused its configuration, for the other nodes
+            asked to answer, so that one error names every node that refused (an operator fixes them at once).
     """
 
     def __init__(self, num_clients: int, query: Callable[[], RecordDict], restart_wait: float = 300.0,
-                 poll: float = 0.25):
+                 poll: float = 0.25, refusal_grace: float = 10.0):
         self.num_clients, self.query, self.restart_wait, self.poll = num_clients, query, restart_wait, poll
+        self.refusal_grace = refusal_grace
         self.partitions: dict[int, Partition] = {}
+        self._refused: dict[int, str] = {}  # node id -> why it refused its configuration
         self._asked: dict[str, Incarnation] = {}  # query message id -> the incarnation asked
         self._known: set[Incarnation] = set()  # incarnations asked already
 
@@ -111,7 +116,7 @@ class Fleet:
 
     def _answers(self, grid: Grid) -> list[int]:
         """Take the query replies arrived: map each answering incarnation to its partition. Returns the
-        partitions whose node changed. A node that refused its configuration stops the run, named."""
+        partitions whose node changed. A node that refused its configuration is noted (``_refusal``)."""
         changed = []
         for reply in grid.pull_messages(list(self._asked)) if self._asked else []:
             inc = self._asked.pop(reply.metadata.reply_to_message_id, None)
@@ -120,7 +125,8 @@ class Fleet:
             if reply.has_error():
                 if reply.error.code in LOST:
                     continue  # asked a node that is gone
-                raise ClientFailure(f"node {inc[0]} refused to serve: {reply.error.reason}")
+                self._refused[inc[0]] = reply.error.reason
+                continue
             answer = reply.content.config_records["fedrcl.clients"]
             clients = answer["clients"]
             assert isinstance(clients, list)  # the node's ConfigRecord({"clients": [...], ...})
@@ -131,19 +137,29 @@ class Fleet:
                 changed.append(index)
         return changed
 
+    def _refusal(self) -> ClientFailure:
+        """One error naming every node that refused its configuration, each with its reason."""
+        return ClientFailure("; ".join(f"node {node} refused to serve: {why}"
+                                       for node, why in sorted(self._refused.items())))
+
     def discover(self, grid: Grid, wait: float) -> None:
         """Query the online nodes until every client is served (or raise after ``wait`` seconds). Nodes that
-        do not answer (a node that died recently and is still listed) do not hold the start."""
-        deadline = time.monotonic() + wait
+        do not answer (a node that died recently and is still listed) do not hold the start. Refusals stop
+        the start once every node asked has answered, or ``refusal_grace`` seconds after the first."""
+        deadline, first_refusal = time.monotonic() + wait, None
         while True:
             self._ask_new(grid, self._online(grid))
             self._answers(grid)
-            missing = self.missing()
-            if not missing:
+            now = time.monotonic()
+            if self._refused:
+                first_refusal = first_refusal or now
+                if not self._asked or now - first_refusal > self.refusal_grace or now > deadline:
+                    raise self._refusal()
+            elif not self.missing():
                 return
-            if time.monotonic() > deadline:
-                raise ClientFailure(f"no node serves clients {missing} after {wait:.0f} s: start a SuperNode for "
-                                    "each partition (--node-config 'partition-id=i num-partitions=N')")
+            elif now > deadline:
+                raise ClientFailure(f"no node serves clients {self.missing()} after {wait:.0f} s: start a SuperNode "
+                                    "for each partition (--node-config 'partition-id=i num-partitions=N')")
             time.sleep(self.poll)
 
     # -- a round -----------------------------------------------------------------------------------------
@@ -205,6 +221,8 @@ class Fleet:
                 job.lost_since = job.lost_since or time.monotonic()
         self._ask_new(grid, online)
         changed = set(self._answers(grid))
+        if self._refused:  # a node started mid-run with a configuration it cannot serve
+            raise self._refusal()
         again = [job for job in waiting if job.partition in changed and self.partitions[job.partition].node != job.sent_to]
         for job in again:
             job.lost_since = None
