@@ -3,8 +3,8 @@
 #   set up (the carried wheels, if its image lacks them) -> decode the carried CIFAR-10 mosaics -> probe the
 #   execution modes (or reuse the last lease's decision on the same GPU and torch) -> train FedAvg and FedRCL
 #   (and FedSCL if the probe shows room) side by side at width 64, each stopping after the round that passes
-#   the deadline, with a checkpoint -> collect into $OUT (summary.json, logs.tar.gz, compile cache and
-#   checkpoint parts; what does not fit waits in /tmp for --collect).
+#   the deadline, with a checkpoint -> collect into $OUT (summary.json, logs.tar.gz, checkpoint parts, then the
+#   compile cache; what does not fit waits in /tmp for --collect).
 #
 #   bash bench/gpu_lease.sh --prepare [--from DIR ...]  here: fill .lease/ (and .lease2/, ...) for carry,
 #                                                      DIR: the last lease's returned files, to continue it

@@ -429,7 +429,10 @@ def collect(lease: Lease) -> list[str]:
         f.write("".join(f"{n}\n" for n in taken))
     left = [n for n in pending if n not in taken]
     log(f"collect: {len(taken)} file(s), {total / MiB:.1f} MiB into $OUT: {', '.join(taken) or '-'}")
-    if left:
+    if left and all(name.startswith("compile_cache") for name in left):
+        log(f"collect: only the compile cache waits ({', '.join(left)}): optional (the next lease carries it "
+            "only into room left, and compiles anew without it); give the machine back, or --collect it")
+    elif left:
         log(f"collect: {len(left)} file(s) still on this machine ({', '.join(left)}): next call, at once: "
             "bash bench/gpu_lease.sh --collect")
     else:

@@ -261,3 +261,26 @@ def test_prepare_carries_the_checkpoints_first_and_the_compile_cache_only_into_r
         assert ("compile_cache" in summary) is travels
         assert any(name.startswith("compile_cache.tar") for name in carried) is travels
         assert ("compile cache left behind" in done.stdout) is not travels
+
+
+def test_collect_returns_the_checkpoints_before_the_compile_cache_and_says_when_only_it_waits(tmp_path, capsys,
+                                                                                            monkeypatch):
+    """The outbox's order (summary, logs, checkpoint parts, compile cache) is kept within each call's limits;
+    once only compile-cache parts wait, the log says they are optional, so a session can give the machine back."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from gpu_lease_run import Lease, collect, outbox
+
+    lease = Lease(work=tmp_path / "work", out=tmp_path / "out", out_files=4, out_bytes=10_000)
+    box = outbox(lease)
+    box.mkdir(parents=True)
+    order = ["summary.json", "logs.tar.gz", "r64_fedrcl.ckpt.part00", "r64_fedrcl.ckpt.part01",
+             "compile_cache.tar.part00", "compile_cache.tar.part01"]
+    for name in order:
+        (box / name).write_bytes(b"x" * 2000)
+    (box / "order.txt").write_text("\n".join(order) + "\n")
+    (box / "returned.txt").write_text("")
+    assert collect(lease) == order[4:]
+    assert sorted(p.name for p in lease.out.iterdir()) == sorted(order[:4])
+    assert "only the compile cache waits" in capsys.readouterr().out
+    assert collect(lease) == []
+    assert "everything is back" in capsys.readouterr().out
