@@ -125,7 +125,7 @@ class Fleet:
             if reply.has_error():
                 if reply.error.code in LOST:
                     continue  # asked a node that is gone
-                self._refused[inc[0]] = reply.error.reason
+                self._refused[inc[0]] = str(reply.error.reason)
                 continue
             answer = reply.content.config_records["fedrcl.clients"]
             clients = answer["clients"]
