@@ -455,7 +455,7 @@ def _summary_cell(values: Sequence[float]) -> str:
     s = summarize_seeds(values)
     if s.n < 2:
         return f"{s.mean:.2f} (n=1)"
-    return f"{s.mean:.2f} ± {s.std:.2f} [{s.mean - s.ci95:.2f}, {s.mean + s.ci95:.2f}] (n={s.n})"
+    return f"{s.format()} {s.interval()} (n={s.n})"
 
 
 def _seed_cells(group: Sequence[RunResult], tag: str) -> list[str]:
@@ -469,11 +469,9 @@ def _seed_cells(group: Sequence[RunResult], tag: str) -> list[str]:
     if not len(common):
         return ["", ""]
     at = int(common[-1])
-    scale = _scale(tag)
     summary = summarize_seeds(values[:, -1])
-    ci = "" if summary.n < 2 else \
-        f"[{scale * (summary.mean - summary.ci95):.2f}, {scale * (summary.mean + summary.ci95):.2f}]"
-    return [f"{summary.format(scale)} @{at}", ci]
+    scale = _scale(tag)
+    return [f"{summary.format(scale)} @{at}", summary.interval(scale)]
 
 
 def render_paired(runs: Sequence[RunResult], rounds: Sequence[int] = (), root: Optional[Path] = None) -> list[str]:

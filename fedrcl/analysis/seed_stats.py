@@ -58,6 +58,13 @@ class SeedSummary:
             return f"{scale * self.mean:.{digits}f}"
         return f"{scale * self.mean:.{digits}f} ± {scale * self.std:.{digits}f}"
 
+    def interval(self, scale: float = 1.0, digits: int = 2) -> str:
+        """``"[low, high]"``, the 95% interval of the mean times ``scale`` (``""`` for one seed)."""
+        if self.n < 2:
+            return ""
+        low, high = scale * (self.mean - self.ci95), scale * (self.mean + self.ci95)
+        return f"[{low:.{digits}f}, {high:.{digits}f}]"
+
 
 def summarize_seeds(values: Sequence[float] | np.ndarray) -> SeedSummary:
     """Mean, sample std (ddof 1), n and 95% t-interval half-width of one number measured under seeds."""
