@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from conftest import run_cli
 from fedrcl.data.datamodule import FederatedDataModule
+from fedrcl.data.partition import dirichlet_partition
 from fedrcl.data.split_file import SPLIT_FORMAT, authors_split_name, read_split, write_split
 
 
@@ -155,3 +157,31 @@ def test_every_run_writes_its_split_and_a_run_can_train_on_it(tmp_path, data_roo
         assert torch.equal(a, b)
     assert (tmp_path / "runs" / "quickstart" / "version_1" / "split.json").read_text() == \
         (tmp_path / "runs" / "quickstart" / "version_0" / "split.json").read_text()
+
+
+COMMITTED_SPLIT = Path(__file__).resolve().parents[1] / "docs" / "splits" / "cifar10_a01_seed0.json"
+SHARED_LABELS = COMMITTED_SPLIT.parents[3] / "shared" / "data" / "cifar10_jpeg" / "labels.npz"
+
+
+def test_committed_runs_all_trained_on_the_one_committed_split():
+    """docs/splits/README.md: the runs under docs/ keep no split.json of their own; each saved config.yaml has
+    the data keys of the one committed split (CIFAR-10, 100 clients, balanced Dirichlet 0.1, data.seed 0)."""
+    docs = COMMITTED_SPLIT.parents[1]
+    assert not list(docs.rglob("split.json"))
+    configs = sorted(docs.rglob("config.yaml"))
+    assert len(configs) >= 30  # the run folders of docs/cpu_runs, seed_runs and gpu_runs
+    for path in configs:
+        data = yaml.safe_load(path.read_text())["data"]
+        keys = data["dataset"], data["num_clients"], data["partition"], data["alpha"], data["seed"]
+        assert keys == ("cifar10", 100, "dirichlet", 0.1, 0) and data.get("partition_file") is None, path
+    parts = read_split(COMMITTED_SPLIT, num_clients=100, dataset="cifar10", num_samples=50_000)
+    assert sum(len(p) for p in parts) == 50_000 and {len(p) for p in parts} == {500}
+
+
+@pytest.mark.skipif(not SHARED_LABELS.is_file(), reason="needs ../shared/data/cifar10_jpeg/labels.npz")
+def test_committed_split_is_the_partition_of_cifar10_labels():
+    """The committed file is what the partition computes from CIFAR-10's train labels, not a stale copy."""
+    labels = np.load(SHARED_LABELS)["y_train"]
+    parts = read_split(COMMITTED_SPLIT, num_clients=100, dataset="cifar10")
+    expected = dirichlet_partition(labels, 100, 0.1, seed=0, balanced=True)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, expected, strict=True))
