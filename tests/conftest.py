@@ -34,13 +34,24 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items):
-    """Under ``--dist loadgroup`` a test file runs on one worker, so its module fixtures run once; the Flower
-    files share one worker, so their SuperLinks, SuperNodes and Ray never run side by side."""
-    for item in items:
-        module = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
-        item.add_marker(pytest.mark.xdist_group("flower" if module.startswith("test_flower") else module))
+def work_unit(nodeid: str) -> str:
+    """The unit a pytest-xdist worker receives whole: a test file, or all the Flower files together."""
+    path = nodeid.split("::", 1)[0]
+    return "flower" if path.rsplit("/", 1)[-1].startswith("test_flower") else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Each worker runs whole files, so module fixtures run once; the Flower files share one worker, so their
+    SuperLinks, SuperNodes and Ray never run side by side. (xdist's own ``loadgroup`` marks group by a nodeid
+    suffix that pytest 9.2 no longer reads: every test became its own unit.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return FileScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)
