@@ -25,7 +25,7 @@ import lightning
 import torch
 import yaml
 from jsonargparse import ActionConfigFile, ActionSubCommands, ArgumentParser, DefaultHelpFormatter, Namespace
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from fedrcl.algorithms import FedAvg
 from fedrcl.cli import DESCRIPTION, OTHER_SUBCOMMANDS
@@ -144,6 +144,16 @@ class FedRCLParser(LightningArgumentParser):
     def add_subcommands(self, *args: Any, **kwargs: Any) -> ActionSubCommands:
         self.subcommands_action = super().add_subcommands(*args, **kwargs)
         return self.subcommands_action
+
+
+class RunConfigCallback(SaveConfigCallback):
+    """Lightning's ``config.yaml`` beside a run, written only where a logger made the run's folder. With
+    ``--trainer.logger false`` there is none (``split.json`` is not written either) and Lightning would write
+    into the working folder, over a ``config.yaml`` of the user's own."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if trainer.loggers:
+            super().setup(trainer, pl_module, stage)
 
 
 class FedRCLCLI(LightningCLI):
@@ -274,5 +284,6 @@ def build_cli(args: list[str] | None = None, cli: Optional[FedRCLCLI] = None, ru
     type(cli).__init__(cli, FedAvg, FederatedDataModule, trainer_class=FederatedTrainer,
                        subclass_mode_model=True, parser_class=FedRCLParser, seed_everything_default=0,
                        parser_kwargs={"prog": "fedrcl", "description": DESCRIPTION},
-                       save_config_kwargs={"overwrite": True}, args=args, run=run)
+                       save_config_callback=RunConfigCallback, save_config_kwargs={"overwrite": True},
+                       args=args, run=run)
     return cli

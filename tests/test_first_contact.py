@@ -6,6 +6,7 @@ import inspect
 import io
 import pkgutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -220,3 +221,17 @@ def test_the_report_cites_what_a_reader_can_find():
     assert '"Relaxed Contrastive Learning for Federated Learning", CVPR 2024' in header
     assert "fedrcl/paper_results.json" in header and (REPO / "fedrcl" / "paper_results.json").is_file()
     assert "reference/" not in header and ".tex" not in header
+
+
+def test_without_a_logger_no_config_is_written_over_ones_own(data_root, tmp_path, monkeypatch):
+    """``--trainer.logger false``: no run folder, so no ``config.yaml`` (Lightning would write it into the
+    working folder, over the user's own) and no ``split.json``; ``fit`` and ``validate`` alike."""
+    ckpt = Path(run_cli(data_root, tmp_path / "runs", rounds=1).trainer.logger.log_dir) / "checkpoints" / "last.ckpt"
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "config.yaml").write_text("# my own notes\n")
+    monkeypatch.chdir(work)
+    run_cli(data_root, tmp_path / "runs", "--trainer.logger", "false", "--ckpt_path", str(ckpt), subcommand="validate")
+    run_cli(data_root, tmp_path / "runs", "--trainer.logger", "false", rounds=1)
+    assert (work / "config.yaml").read_text() == "# my own notes\n"
+    assert not list(work.rglob("split.json"))
