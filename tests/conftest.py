@@ -44,7 +44,10 @@ def work_unit(nodeid: str) -> str:
 def pytest_xdist_make_scheduler(config, log):
     """Each worker runs whole files, so module fixtures run once; the Flower files share one worker, so their
     SuperLinks, SuperNodes and Ray never run side by side. (xdist's own ``loadgroup`` marks group by a nodeid
-    suffix that pytest 9.2 no longer reads: every test became its own unit.)"""
+    suffix that pytest 9.2 no longer reads: every test became its own unit.) An explicit ``--dist`` other
+    than xdist's default ``load`` is left to xdist."""
+    if config.getvalue("dist") != "load":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class FileScheduling(LoadScopeScheduling):
