@@ -86,15 +86,16 @@ def test_long_horizon_table_in_the_docs_is_what_the_committed_runs_say(tmp_path,
     assert (tmp_path / "long.png").stat().st_size > 10_000
 
 
-def test_width8_seed_progress_in_cpu_runs_readme_is_what_the_committed_runs_say(capsys, monkeypatch):
-    """The README's ``fedrcl report`` command on the committed width-8 runs (seed 0 and issue 34's seeds 1, 2)
-    prints its rows: per method one seed group of three runs, the Seeds table at the rounds asked for, and
-    FedRCL's comparison with FedAvg paired by seed (per-run rows with the rounds run, paired differences,
-    crossing lines)."""
+def test_width8_three_seeds_in_results_md_is_what_the_committed_runs_say(capsys, monkeypatch):
+    """docs/results.md's ``fedrcl report`` command on the committed width-8 runs (seed 0 and issue 34's seeds
+    1, 2) prints the section's rows: per method one seed group of three runs, the Seeds table at the rounds
+    asked for, and FedRCL's comparison with FedAvg paired by seed (per-run rows with the rounds run, paired
+    differences, crossing lines)."""
     from fedrcl.report import main as report
 
-    readme = (REPO / "docs" / "cpu_runs" / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("# Long CPU runs: ResNet-18-GN width 8, seeds 1 and 2"):]
+    results = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    section = results[results.index("## Width 8 over three seeds"):]
+    section = section[:section.index("\n## ")]
     command = next(line for line in section.splitlines() if line.startswith("fedrcl report "))
     monkeypatch.chdir(REPO)
     report(command.split()[2:])
