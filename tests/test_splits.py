@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.partition import dirichlet_partition
 from fedrcl.data.split_file import SPLIT_FORMAT, authors_split_name, read_split, write_split
@@ -159,14 +159,14 @@ def test_every_run_writes_its_split_and_a_run_can_train_on_it(tmp_path, data_roo
         (tmp_path / "runs" / "quickstart" / "version_0" / "split.json").read_text()
 
 
-COMMITTED_SPLIT = Path(__file__).resolve().parents[1] / "docs" / "splits" / "cifar10_a01_seed0.json"
-SHARED_LABELS = COMMITTED_SPLIT.parents[3] / "shared" / "data" / "cifar10_jpeg" / "labels.npz"
+COMMITTED_SPLIT = REPO / "docs" / "splits" / "cifar10_a01_seed0.json"
+SHARED_LABELS = REPO.parent / "shared" / "data" / "cifar10_jpeg" / "labels.npz"
 
 
 def test_committed_runs_all_trained_on_the_one_committed_split():
     """docs/splits/README.md: the runs under docs/ keep no split.json of their own; each saved config.yaml has
     the data keys of the one committed split (CIFAR-10, 100 clients, balanced Dirichlet 0.1, data.seed 0)."""
-    docs = COMMITTED_SPLIT.parents[1]
+    docs = REPO / "docs"
     assert not list(docs.rglob("split.json"))
     configs = sorted(docs.rglob("config.yaml"))
     assert len(configs) >= 30  # the run folders of docs/cpu_runs, seed_runs and gpu_runs
