@@ -51,10 +51,12 @@ def write_fake_cifar(root: Path, train: int, test: int) -> None:
 
 
 def datamodule(args, root: Path) -> FederatedDataModule:
+    """The data of both loops, in the default layout: ``auto``'s choice on CUDA; on the CPU (the smoke run)
+    the raw loop has no trainer to tell ``auto`` that widths below 8 break channels-last."""
     return FederatedDataModule(dataset="cifar10", root=str(root), num_clients=args.clients * 2,
                                partition="iid", batch_size=args.batch,
                                local_iters_per_epoch=args.steps // 5 or 1,
-                               eval_batch_size=args.eval_batch)
+                               eval_batch_size=args.eval_batch, channels_last="off")
 
 
 def sync(device: str) -> None:

@@ -8,7 +8,8 @@ from typing import Literal, Optional, get_args
 import lightning as L
 import numpy as np
 import torch
-from torch import Tensor
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
 
 from fedrcl.data.augment import augment_batch
 from fedrcl.data.datasets import dataset_info, load_dataset
@@ -22,6 +23,16 @@ Partition = Literal["dirichlet", "dirichlet_unbalanced", "shards", "iid"]
 def stream_seed(*keys: int) -> int:
     """A 63-bit seed derived from integer keys (seed, round, client, ...), independent per key tuple."""
     return int(np.random.SeedSequence(list(keys)).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def channels_last_breaks(model: nn.Module) -> list[str]:
+    """The layers of ``model`` whose CPU backward is broken in the channels-last layout: 1x1 convolutions
+    with a stride and fewer than 8 input channels (ResNet-18's shortcuts below width 8). oneDNN 3.12 in
+    PyTorch 2.14.1 corrupts memory there (a crash, or a hang with two threads; seen on an AVX2 CPU, and in
+    no other case: kernel 3, stride 1 and 8 or more channels run)."""
+    return [name for name, layer in model.named_modules()
+            if isinstance(layer, nn.Conv2d) and layer.kernel_size == (1, 1) and layer.stride != (1, 1)
+            and layer.in_channels < 8]
 
 
 class FederatedDataModule(L.LightningDataModule):
@@ -70,8 +81,9 @@ class FederatedDataModule(L.LightningDataModule):
             ``views: 1``; the others draw after it.
         channels_last: image batches in the channels-last memory layout (the same values, NHWC strides), in
             which PyTorch's CPU convolutions run faster (``bench/memory_layout.py``, one thread: a small-CNN
-            round 1.40x); ``auto``: on when the data lives on the CPU, off on CUDA (not measured there). The
-            same maths, rounded in another order; the weights keep their layout.
+            round 1.40x); ``auto``: on when the data lives on the CPU (unless ``channels_last_breaks`` names a
+            layer of the model), off on CUDA (not measured there). The same maths, rounded in another order; the
+            weights keep their layout.
     """
 
     def __init__(
@@ -159,8 +171,7 @@ class FederatedDataModule(L.LightningDataModule):
         self.x_train, self.y_train = data.x_train.to(device), data.y_train.to(device)
         self.x_test, self.y_test = data.x_test.to(device), data.y_test.to(device)
         self.classes = data.classes
-        if self.channels_last == "auto":
-            self.memory_format = torch.channels_last if device.type == "cpu" else torch.contiguous_format
+        self._choose_memory_format(device)
         self.client_indices = [torch.as_tensor(p, dtype=torch.long, device=device) for p in self.split(data.y_train)]
         smallest = min(range(self.num_clients), key=lambda k: len(self.client_indices[k]))
         if self.batch_size is None:
@@ -170,6 +181,22 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError(
                 f"data.batch_size={self.batch_size} is larger than client {smallest}'s "
                 f"{len(self.client_indices[smallest])} samples; lower batch_size or num_clients")
+
+    def _choose_memory_format(self, device: torch.device) -> None:
+        """``auto``: channels-last on the CPU, unless the model has a layer whose CPU backward breaks in it
+        (``channels_last_breaks``); ``on`` with such a layer is refused before anything runs."""
+        model = None if self.trainer is None else self.trainer.lightning_module
+        breaks = channels_last_breaks(model) if model is not None and device.type == "cpu" else []
+        if self.channels_last == "on" and breaks:
+            raise ValueError(
+                f"data.channels_last=on: PyTorch's CPU backward of {', '.join(breaks)} (1x1 convolutions with a "
+                f"stride and fewer than 8 input channels) corrupts memory in the channels-last layout; set "
+                f"data.channels_last to auto or off")
+        if self.channels_last == "auto":
+            self.memory_format = torch.channels_last if device.type == "cpu" and not breaks else torch.contiguous_format
+            if breaks:
+                rank_zero_info(f"data.channels_last auto: off, for {', '.join(breaks)} (1x1 strided convolutions "
+                               f"with fewer than 8 input channels, whose CPU backward breaks in channels-last)")
 
     def split(self, labels: Tensor) -> list[np.ndarray]:
         """One index array per client: read from ``partition_file``, or from the configured partition."""
