@@ -87,7 +87,6 @@ def test_the_layers_whose_cpu_backward_breaks_in_channels_last_are_the_narrow_st
 NARROW_RUN = """
 import sys
 from functools import partial
-sys.path.insert(0, sys.argv[2])
 from test_memory_layout import final_weights
 from fedrcl.models import ResNet18
 final_weights(sys.argv[1], "auto", partial(ResNet18, width=4))
@@ -100,7 +99,7 @@ def test_auto_trains_a_narrow_resnet_in_the_default_layout_and_on_is_refused(rgb
     process there (``double free or corruption``). ``auto`` trains it in the default layout (in a child process,
     so that a crash fails this test, not the worker); ``on`` is refused, naming the key and the layer."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    done = subprocess.run([sys.executable, "-c", NARROW_RUN, str(rgb_root), str(REPO / "tests")], env=env,
+    done = subprocess.run([sys.executable, "-c", NARROW_RUN, str(rgb_root)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "finished" in done.stdout, done.stderr[-2000:]
     assert "data.channels_last auto: off, for backbone.layer2.0.downsample.0" in done.stdout + done.stderr

@@ -28,8 +28,8 @@ def stream_seed(*keys: int) -> int:
 def channels_last_breaks(model: nn.Module) -> list[str]:
     """The layers of ``model`` whose CPU backward is broken in the channels-last layout: 1x1 convolutions
     with a stride and fewer than 8 input channels (ResNet-18's shortcuts below width 8). oneDNN 3.12 in
-    PyTorch 2.14.1 corrupts memory there (a crash, or a hang with two threads; seen on an AVX2 CPU, and in
-    no other case: kernel 3, stride 1 and 8 or more channels run)."""
+    PyTorch 2.14.1 corrupts memory there (a crash, or a hang with two threads; seen on an AVX2 CPU for 1-7
+    input channels; kernel 3, stride 1 or 3, and 8 or more channels ran, yet every stride above 1 is named)."""
     return [name for name, layer in model.named_modules()
             if isinstance(layer, nn.Conv2d) and layer.kernel_size == (1, 1) and layer.stride != (1, 1)
             and layer.in_channels < 8]
