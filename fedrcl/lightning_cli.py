@@ -33,6 +33,7 @@ from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.datasets import dataset_info
 from fedrcl.federated.checkpoint import check_readable
 from fedrcl.federated.trainer import OWNED_BY_ROUNDS, FederatedTrainer
+from fedrcl.output import quiet_when_closed
 
 EVALUATIONS = ("validate", "test")
 KNOWN_SUBCLASSES = ", known subclasses: "  # how jsonargparse's --help ends a class argument's choices
@@ -280,6 +281,7 @@ def build_cli(args: list[str] | None = None, cli: Optional[FedRCLCLI] = None, ru
     """Parse ``args`` (default: the command line), then run the subcommand; returns the CLI object (``cli``,
     made by ``FedRCLCLI.__new__``, if given). ``run=False``: ``args`` without a subcommand, the model, data
     and trainer built and not run."""
+    quiet_when_closed()  # ``fedrcl fit ... | head``: a closed pipe silences the output, never the run
     cli = cli if cli is not None else FedRCLCLI.__new__(FedRCLCLI)
     type(cli).__init__(cli, FedAvg, FederatedDataModule, trainer_class=FederatedTrainer,
                        subclass_mode_model=True, parser_class=FedRCLParser, seed_everything_default=0,

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from conftest import REPO, assert_same_state, run_cli
-from fedrcl.federated.client_state import ClientStateStore
+from fedrcl.algorithms.client_state import ClientStateStore
 from test_cli import load_ckpt as read_checkpoint
 
 FEDAVG = "fedrcl.algorithms.FedAvg"
@@ -355,6 +355,33 @@ def test_sigterm_in_the_last_round_finishes_the_run(data_root, tmp_path):
     cli = run_cli(data_root, tmp_path, *SIGTERM_IN_ROUND_2, rounds=2, model=FEDAVG)
     assert cli.trainer.current_epoch == 2 and cli.trainer._signal_connector.signum == signal.SIGTERM
     assert read_checkpoint(checkpoints(tmp_path) / "last.ckpt")["epoch"] == 1
+
+
+def test_output_to_a_closed_pipe_never_stops_the_run(data_root, tmp_path, run_dir):
+    """``fedrcl fit ... 2>&1 | head -1``: the reader goes away after the first line; the run goes on quietly to
+    its end (it died at its next write, exit status 1, no checkpoint) and equals a run whose output was read."""
+    args = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--model", FEDAVG,
+            "--data.root", str(data_root), "--data.num_clients", "10", "--trainer.accelerator", "cpu",
+            "--trainer.logger.init_args.save_dir", str(run_dir), "--trainer.enable_model_summary", "false",
+            "--trainer.rounds", "3", "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3",
+            *EVERY_ROUND]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen([sys.executable, "-c", BOOT, *args], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    try:
+        assert child.stdout is not None
+        first = child.stdout.readline()  # as head -1: one line read, then the pipe closed
+        child.stdout.close()
+        code = child.wait(timeout=300)
+    finally:
+        child.kill()
+    assert first and code == 0
+    folder = checkpoints(run_dir)
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "round0000.ckpt", "round0001.ckpt",
+                                                        "round0002.ckpt"]
+    full = run_cli(data_root, tmp_path / "full", rounds=3, model=FEDAVG)
+    assert_same_state(full.model.state_dict(), read_checkpoint(folder / "last.ckpt")["state_dict"])
+    assert_same_curves(all_curves(run_dir), all_curves(tmp_path / "full"), rounds=3)
 
 
 TWO_PROCESSES = ("--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.clients_per_round", "5",
