@@ -1,6 +1,7 @@
 """Client splits in files: fedrcl's JSON export (written beside every run) and the authors' dict literals."""
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -13,7 +14,8 @@ import yaml
 from conftest import REPO, run_cli
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.partition import dirichlet_partition
-from fedrcl.data.split_file import SPLIT_FORMAT, authors_split_name, read_split, write_split
+from fedrcl.data.split_file import (SPLIT_FORMAT, authors_split_name, label_fingerprint, labels_differ, read_split,
+                                     read_split_file, write_split)
 
 
 def authors_text(parts: dict[int, list[int]]) -> str:
@@ -182,6 +184,94 @@ def test_committed_runs_all_trained_on_the_one_committed_split():
 def test_committed_split_is_the_partition_of_cifar10_labels():
     """The committed file is what the partition computes from CIFAR-10's train labels, not a stale copy."""
     labels = np.load(SHARED_LABELS)["y_train"]
-    parts = read_split(COMMITTED_SPLIT, num_clients=100, dataset="cifar10")
+    split = read_split_file(COMMITTED_SPLIT, num_clients=100, dataset="cifar10")
     expected = dirichlet_partition(labels, 100, 0.1, seed=0, balanced=True)
-    assert all(np.array_equal(a, b) for a, b in zip(parts, expected, strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(split.parts, expected, strict=True))
+    assert split.labels == label_fingerprint(labels, expected, 10)  # it knows the labels it was made for
+    # in another order (as torchvision's CIFAR-10 is to this class-sorted copy) every client's labels differ
+    shuffled = labels[np.random.default_rng(0).permutation(len(labels))]
+    assert split.labels is not None
+    assert "but 100 of 100 clients hold other labels" in str(labels_differ(split.labels,
+                                                                          label_fingerprint(shuffled, split.parts, 10)))
+
+
+# -- the labels a split was made for ------------------------------------------------------------------------
+def test_a_split_records_the_labels_it_was_made_for(tmp_path):
+    labels = np.array([0, 1, 1, 2, 0, 2])
+    parts = [np.array([0, 3]), np.array([1, 2, 4, 5])]
+    made_for = label_fingerprint(labels, parts, 3)
+    path = write_split(tmp_path / "split.json", parts, "digits", made_for)
+    doc = json.loads(path.read_text())
+    assert doc["labels"]["num_samples"] == 6 and doc["labels"]["num_classes"] == 3
+    assert doc["labels"]["sha256"] == hashlib.sha256(labels.astype("<i8").tobytes()).hexdigest()
+    assert doc["labels"]["clients_sha256"] == [hashlib.sha256(np.array([0, 2], "<i8").tobytes()).hexdigest()[:16],
+                                               hashlib.sha256(np.array([1, 1, 0, 2], "<i8").tobytes()).hexdigest()[:16]]
+    assert read_split_file(path, 2, 6, "digits").labels == made_for
+    assert labels_differ(made_for, label_fingerprint(labels, parts, 3)) is None
+    assert labels_differ(made_for, label_fingerprint(labels[:5], [[0, 3], [1, 2, 4]], 3)) == \
+        "made for 6 train samples, this data has 5"
+    assert labels_differ(made_for, label_fingerprint(labels, parts, 4)) == "made for 3 classes, this data has 4"
+    across = labels[[1, 0, 2, 3, 4, 5]]  # samples 0 (client 0) and 1 (client 1) trade labels
+    assert "but 2 of 2 clients hold other labels" in str(labels_differ(made_for, label_fingerprint(across, parts, 3)))
+    within = labels[[0, 1, 2, 3, 5, 4]]  # two of client 1's samples trade labels: its labels in order differ
+    assert "but 1 of 2 clients hold other labels" in str(labels_differ(made_for, label_fingerprint(within, parts, 3)))
+    held = [np.array([0, 3]), np.array([1, 2, 4])]  # sample 5 belongs to no client
+    outside = labels.copy()
+    outside[5] = 0
+    assert labels_differ(label_fingerprint(labels, held, 3), label_fingerprint(outside, held, 3)) == \
+        ("labels differ from those the split was made for: 6 samples in both, the clients' labels alike, other "
+         "labels outside the split's indices")
+
+
+@pytest.mark.parametrize("labels, message", [
+    ({"num_samples": 10}, r'"labels" must be \{"num_samples": int'),
+    ({"num_samples": 10, "num_classes": 2, "sha256": "x", "clients_sha256": ["a"]}, r"one per client \(2\)"),
+    ([1, 2], r'"labels" must be'),
+])
+def test_a_malformed_labels_record_is_refused(tmp_path, labels, message):
+    doc = {"format": SPLIT_FORMAT, "dataset": "cifar10", "num_clients": 2, "clients": [[0, 1], [2, 3]],
+           "labels": labels}
+    path = tmp_path / "split.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=message):
+        read_split(path, num_clients=2)
+
+
+def permuted_digits(data_root: Path, root: Path, seed: int = 1) -> Path:
+    """The digits data in another order: the same images and the same labels (as a multiset), reordered."""
+    data = dict(np.load(data_root / "digits.npz"))
+    order = np.random.default_rng(seed).permutation(len(data["y_train"]))
+    data["x_train"], data["y_train"] = data["x_train"][order], data["y_train"][order]
+    root.mkdir(parents=True, exist_ok=True)
+    np.savez(root / "digits.npz", **data)
+    return root
+
+
+def test_a_split_on_the_same_data_in_another_order_is_refused(data_root, tmp_path):
+    """The split's indices on permuted data would give every client other samples, silently: refused before
+    training, naming the file and what differs."""
+    made = FederatedDataModule(dataset="digits", root=str(data_root), num_clients=10, alpha=0.1)
+    made.setup("fit")
+    parts = [p.numpy() for p in made.client_indices]
+    path = write_split(tmp_path / "split.json", parts, "digits", label_fingerprint(made.y_train, parts, 10))
+    common = dict(dataset="digits", num_clients=10, partition_file=str(path))
+    same = FederatedDataModule(root=str(data_root), **common)
+    same.setup("fit")
+    assert all(torch.equal(a, b) for a, b in zip(same.client_indices, made.client_indices))
+    other = FederatedDataModule(root=str(permuted_digits(data_root, tmp_path / "permuted")), **common)
+    with pytest.raises(ValueError) as info:
+        other.setup("fit")
+    message = str(info.value)
+    assert message.startswith(f"data.partition_file {path}: labels differ from those the split was made for: "
+                              "1437 samples and 10 classes in both, but ")
+    assert "of 10 clients hold other labels at the split's indices" in message, message
+
+
+def test_a_split_file_without_labels_is_used_with_a_notice(data_root, tmp_path, caplog):
+    path = write_split(tmp_path / "split.json", [np.arange(k, 1437, 3) for k in range(3)], "digits")
+    dm = FederatedDataModule(dataset="digits", root=str(data_root), num_clients=3, partition_file=str(path))
+    with caplog.at_level("INFO"):
+        dm.setup("fit")
+    notices = [r.getMessage() for r in caplog.records if "records no labels" in r.getMessage()]
+    assert notices == [f"data.partition_file {path} records no labels it was made for (written before fedrcl "
+                       "recorded them, or the authors' format): it cannot be checked against this data's order"]

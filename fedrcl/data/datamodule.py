@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from fedrcl.data.augment import augment_batch
 from fedrcl.data.datasets import dataset_info, load_dataset
 from fedrcl.data.partition import dirichlet_partition, iid_partition, shard_partition
-from fedrcl.data.split_file import authors_split_name, check_split, read_split, write_split
+from fedrcl.data.split_file import (SplitFile, authors_split_name, check_labels, check_split, label_fingerprint,
+                                     read_split_file, write_split)
 from fedrcl.federated.plan import RoundPlan
 
 Partition = Literal["dirichlet", "dirichlet_unbalanced", "shards", "iid"]
@@ -66,7 +67,8 @@ class FederatedDataModule(L.LightningDataModule):
             download (``download: true``); an ``.npz`` made elsewhere (e.g. ``../shared/data/cifar10.npz``)
             may hold the images in another order, and for Tiny-ImageNet the order of the authors' loader is
             unverified. Checked before training: client count == ``num_clients``, indices inside the
-            train set, no index held twice.
+            train set, no index held twice, and (a ``split.json`` written since fedrcl records it) the same
+            train labels as the split was made for; a file that records none is used with a notice.
         batch_size: local mini-batch size. null (with ``local_iters_per_epoch`` set): the smallest client's
             size divided by ``local_iters_per_epoch``, the paper's rule ("the batch size is adjusted to
             ensure 10 local iterations at each local epoch": 50 for 500 samples, 10 for 100).
@@ -138,7 +140,7 @@ class FederatedDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return self.info.num_classes
 
-    def _read_partition_file(self, path: str) -> list[np.ndarray]:
+    def _read_partition_file(self, path: str) -> SplitFile:
         named = authors_split_name(path)
         if named is not None and (self.partition != "dirichlet" or not np.isclose(named[0], self.alpha)):
             raise ValueError(
@@ -146,7 +148,7 @@ class FederatedDataModule(L.LightningDataModule):
                 f"{named[0]:g}; "
                 f"set data.partition dirichlet and data.alpha {named[0]:g} (got {self.partition}, "
                 f"{self.alpha:g}) so the run is labelled by the split it trains on")
-        return read_split(path, num_clients=self.num_clients, dataset=self.dataset)
+        return read_split_file(path, num_clients=self.num_clients, dataset=self.dataset)
 
     def setup(self, stage: str) -> None:
         """Read the data once, move it to the training device and split the train set into clients;
@@ -163,7 +165,8 @@ class FederatedDataModule(L.LightningDataModule):
         log_dir = trainer.log_dir  # collective on several processes: every rank asks
         if trainer.is_global_zero and log_dir is not None:
             parts = [p.cpu().numpy() for p in self.client_indices]
-            write_split(Path(log_dir) / "split.json", parts, self.dataset)
+            labels = label_fingerprint(self.y_train.cpu().numpy(), parts, self.num_classes)
+            write_split(Path(log_dir) / "split.json", parts, self.dataset, labels)
 
     def _load_and_split(self) -> None:
         data = load_dataset(self.dataset, self.root, download=self.download)
@@ -201,8 +204,12 @@ class FederatedDataModule(L.LightningDataModule):
     def split(self, labels: Tensor) -> list[np.ndarray]:
         """One index array per client: read from ``partition_file``, or from the configured partition."""
         if self._file_split is not None:
-            check_split(self._file_split, len(labels), f"data.partition_file {self.partition_file}")
-            return self._file_split
+            source = f"data.partition_file {self.partition_file}"
+            check_split(self._file_split.parts, len(labels), source)
+            notice = check_labels(self._file_split, labels.numpy(), self.num_classes, source)
+            if notice:
+                rank_zero_info(notice)
+            return self._file_split.parts
         y = labels.numpy()
         if self.partition == "iid":
             return iid_partition(y, self.num_clients, seed=self.seed)

@@ -5,9 +5,14 @@ Two formats are read; the first is also written (``<log_dir>/split.json`` beside
 - ``fedrcl-split/1`` (JSON)::
 
       {"format": "fedrcl-split/1", "dataset": "cifar10", "num_clients": 100,
+       "labels": {"num_samples": 50000, "num_classes": 10, "sha256": "...", "clients_sha256": [...]},
        "clients": [[index, ...], ...]}
 
-  ``clients[k]`` holds client ``k``'s indices into the train set.
+  ``clients[k]`` holds client ``k``'s indices into the train set. ``labels`` (``LabelFingerprint``) says
+  which labels the split was made for: indices alone mean nothing on the same images in another order (a
+  non-IID split applied to CIFAR-10 in torchvision's order instead of a class-sorted copy trains near-IID
+  clients), so a split is refused on data whose labels differ (``check_labels``). Files written before it
+  had ``labels``, and the authors' files, are read with a one-line notice that they cannot be checked.
 - The FedRCL authors' ``client_data/<DATASET>/balanced/dirichlet<alpha>_clients<N>.txt``: a Python dict
   literal ``{client_id: [index, ...], ...}`` with int ids ``0 .. N-1``. It is parsed into a syntax tree
   (``ast.parse``, which runs nothing) and accepted only when it is one dict of int keys to lists of int
@@ -20,34 +25,80 @@ Every error is a ``ValueError`` naming the file and what is wrong.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import re
 import tempfile
 import warnings
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["SPLIT_FORMAT", "read_split", "write_split", "check_split", "authors_split_name"]
+__all__ = ["SPLIT_FORMAT", "LabelFingerprint", "SplitFile", "label_fingerprint", "labels_differ", "read_split",
+           "read_split_file", "write_split", "check_split", "check_labels", "authors_split_name"]
 
 SPLIT_FORMAT = "fedrcl-split/1"
-_JSON_KEYS = ("format", "dataset", "num_clients", "clients")
+_JSON_KEYS = ("format", "dataset", "num_clients", "clients")  # and "labels", optional (files before it lack it)
 _AUTHORS_NAME = re.compile(r"dirichlet(?P<alpha>\d+(?:\.\d+)?)_clients(?P<clients>\d+)\.txt")
 
 
-def write_split(path: str | Path, parts: Sequence[npt.ArrayLike], dataset: str) -> Path:
-    """Write ``parts`` (one index sequence per client) as ``fedrcl-split/1`` JSON, one client per line.
+@dataclass(frozen=True)
+class LabelFingerprint:
+    """The train labels a split was made for: their count, the class count, a sha256 of the whole label array
+    (int64, little-endian) and a short sha256 of each client's labels (its indices in order), which says how
+    many clients the difference reaches."""
+
+    num_samples: int
+    num_classes: int
+    sha256: str
+    clients_sha256: tuple[str, ...]
+
+
+def _sha256(labels: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(labels, dtype="<i8").tobytes()).hexdigest()
+
+
+def label_fingerprint(labels: npt.ArrayLike, parts: Sequence[npt.ArrayLike], num_classes: int) -> LabelFingerprint:
+    """The ``LabelFingerprint`` of train ``labels`` under the split ``parts`` (one index array per client)."""
+    y = np.asarray(labels).reshape(-1)
+    return LabelFingerprint(len(y), int(num_classes), _sha256(y),
+                            tuple(_sha256(y[np.sort(np.asarray(p, dtype=np.int64))])[:16] for p in parts))
+
+
+def labels_differ(made_for: LabelFingerprint, here: LabelFingerprint) -> Optional[str]:
+    """What differs between the labels a split was made for and these (``None``: the same labels)."""
+    if made_for.num_samples != here.num_samples:
+        return f"made for {made_for.num_samples} train samples, this data has {here.num_samples}"
+    if made_for.num_classes != here.num_classes:
+        return f"made for {made_for.num_classes} classes, this data has {here.num_classes}"
+    if made_for.sha256 == here.sha256:
+        return None
+    clients = sum(a != b for a, b in zip(made_for.clients_sha256, here.clients_sha256, strict=True))
+    return (f"labels differ from those the split was made for: {here.num_samples} samples and {here.num_classes} "
+            f"classes in both, but {clients} of {len(here.clients_sha256)} clients hold other labels at the "
+            "split's indices (the same images in another order?)" if clients else
+            f"labels differ from those the split was made for: {here.num_samples} samples in both, the clients' "
+            "labels alike, other labels outside the split's indices")
+
+
+def write_split(path: str | Path, parts: Sequence[npt.ArrayLike], dataset: str,
+                labels: Optional[LabelFingerprint] = None) -> Path:
+    """Write ``parts`` (one index sequence per client) as ``fedrcl-split/1`` JSON, one client per line, with
+    the fingerprint of the ``labels`` it was made for (``label_fingerprint``) when given.
 
     The file is written to a temporary name in the same folder and then renamed, so a reader never sees
-    half a file. Returns the path written.
+    half a file. Returns the path written. A failed write (a full disk) raises ``OSError`` naming ``path``.
     """
     path = Path(path)
     clients = [[int(i) for i in np.asarray(p).reshape(-1).tolist()] for p in parts]
-    head = {"format": SPLIT_FORMAT, "dataset": dataset, "num_clients": len(clients)}
+    head: dict[str, object] = {"format": SPLIT_FORMAT, "dataset": dataset, "num_clients": len(clients)}
+    if labels is not None:
+        head["labels"] = {**asdict(labels), "clients_sha256": list(labels.clients_sha256)}
     body = ",\n".join(json.dumps(c, separators=(",", ":")) for c in clients)
     text = json.dumps(head)[:-1] + ', "clients": [\n' + body + "\n]}\n"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,14 +107,32 @@ def write_split(path: str | Path, parts: Sequence[npt.ArrayLike], dataset: str) 
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as error:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(error.errno, f"{path} not written ({error.strerror})") from error
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
 
 
+@dataclass(frozen=True)
+class SplitFile:
+    """A split read from a file: one sorted int64 index array per client, and the labels it was made for
+    (``None``: the file does not say)."""
+
+    parts: list[np.ndarray]
+    labels: Optional[LabelFingerprint]
+
+
 def read_split(path: str | Path, num_clients: Optional[int] = None, num_samples: Optional[int] = None,
                dataset: Optional[str] = None) -> list[np.ndarray]:
+    """``read_split_file(...).parts``: the client index arrays of a split file, checked."""
+    return read_split_file(path, num_clients, num_samples, dataset).parts
+
+
+def read_split_file(path: str | Path, num_clients: Optional[int] = None, num_samples: Optional[int] = None,
+                    dataset: Optional[str] = None) -> SplitFile:
     """Read a client split in either format (told apart by content) and check it.
 
     Args:
@@ -74,7 +143,8 @@ def read_split(path: str | Path, num_clients: Optional[int] = None, num_samples:
             files do not name their data set.)
 
     Returns:
-        One sorted int64 index array per client, client ``k`` at position ``k``.
+        The ``SplitFile``: client ``k``'s sorted int64 index array at position ``k``, and the labels
+        fingerprint if the file has one.
     """
     path = Path(path)
     try:
@@ -83,16 +153,32 @@ def read_split(path: str | Path, num_clients: Optional[int] = None, num_samples:
         raise ValueError(f"data.partition_file: {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"data.partition_file: cannot read {path} ({e})") from None
+    labels = None
     try:
         obj = json.loads(text)
     except ValueError:
         parts = _parse_authors(text, path)
     else:
         parts = _parse_json(obj, path, dataset)
+        labels = _parse_labels(obj.get("labels"), len(parts), path)
     if num_clients is not None and len(parts) != num_clients:
         raise ValueError(f"{path}: holds {len(parts)} clients, but data.num_clients is {num_clients}")
     check_split(parts, num_samples, str(path))
-    return [np.sort(p) for p in parts]
+    return SplitFile([np.sort(p) for p in parts], labels)
+
+
+def check_labels(split: SplitFile, labels: npt.ArrayLike, num_classes: int, source: str) -> Optional[str]:
+    """Raise ``ValueError`` (prefixed with ``source``) if ``split`` was made for other labels than these train
+    ``labels``; a split that records none returns the notice to show (it cannot be checked), else ``None``."""
+    here = label_fingerprint(labels, split.parts, num_classes)
+    if split.labels is None:
+        return (f"{source} records no labels it was made for (written before fedrcl recorded them, or the "
+                "authors' format): it cannot be checked against this data's order")
+    differ = labels_differ(split.labels, here)
+    if differ:
+        raise ValueError(f"{source}: {differ}; use the split with the data it was made for, or leave out "
+                         "data.partition_file to compute the partition from this data")
+    return None
 
 
 def check_split(parts: Sequence[np.ndarray], num_samples: Optional[int], source: str) -> None:
@@ -137,9 +223,10 @@ def _parse_json(obj: object, path: Path, dataset: Optional[str]) -> list[np.ndar
         raise ValueError(f"{path}: a JSON file but not a {SPLIT_FORMAT} split: expected an object with "
                          f'"format": "{SPLIT_FORMAT}" and keys {", ".join(_JSON_KEYS)}')
     missing = [k for k in _JSON_KEYS if k not in obj]
-    unknown = [k for k in obj if k not in _JSON_KEYS]
+    unknown = [k for k in obj if k not in (*_JSON_KEYS, "labels")]
     if missing or unknown:
-        raise ValueError(f"{path}: {SPLIT_FORMAT} needs exactly the keys {', '.join(_JSON_KEYS)}; "
+        raise ValueError(f"{path}: {SPLIT_FORMAT} needs exactly the keys {', '.join(_JSON_KEYS)} (and may have "
+                         "labels); "
                          + "; ".join(filter(None, [f"missing {', '.join(missing)}" if missing else None,
                                                    f"unknown {', '.join(unknown)}" if unknown else None])))
     if dataset is not None and obj["dataset"] != dataset:
@@ -156,6 +243,20 @@ def _parse_json(obj: object, path: Path, dataset: Optional[str]) -> list[np.ndar
             raise ValueError(f'{path}: "clients"[{k}] must be a list of integers')
         parts.append(np.asarray(indices, dtype=np.int64))
     return parts
+
+
+def _parse_labels(value: object, num_clients: int, path: Path) -> Optional[LabelFingerprint]:
+    if value is None:
+        return None
+    fields = ("num_samples", "num_classes", "sha256", "clients_sha256")
+    if not isinstance(value, dict) or set(value) != set(fields) or type(value["num_samples"]) is not int \
+            or type(value["num_classes"]) is not int or not isinstance(value["sha256"], str) \
+            or not isinstance(value["clients_sha256"], list) or len(value["clients_sha256"]) != num_clients \
+            or not all(isinstance(h, str) for h in value["clients_sha256"]):
+        raise ValueError(f'{path}: "labels" must be {{"num_samples": int, "num_classes": int, "sha256": str, '
+                         f'"clients_sha256": [str, one per client ({num_clients})]}}')
+    return LabelFingerprint(value["num_samples"], value["num_classes"], value["sha256"],
+                            tuple(value["clients_sha256"]))
 
 
 def _int_literal(node: ast.expr) -> Optional[int]:
