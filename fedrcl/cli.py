@@ -19,20 +19,24 @@ the file, what was found, what is allowed), exit status 1, or 2 for a config the
 dump); ``FEDRCL_DEBUG=1`` shows the traceback. A fedrcl error is one fedrcl raises itself, also when a library
 wraps it (a model constructor's ``ValueError`` inside jsonargparse's), or a file that cannot be written (a full
 disk, a read-only folder): see ``fedrcl.errors``; any other keeps its traceback. A start that fails before
-it logged anything leaves no run folder behind. A run stopped by SIGTERM ends after its round with exit
-status 143 and one line saying how to resume (``fedrcl.federated.preemption``).
+it logged anything leaves no run folder behind. A run stopped by SIGTERM or Ctrl-C ends after its round with
+exit status 143 / 130 and one line saying how to resume (``fedrcl.federated.preemption``); a second Ctrl-C
+stops it at once, in one line. A torch and torchvision of builds that do not match are one line naming both
+and the pip line that fixes them (``fedrcl.torch_builds``).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 from importlib import import_module
 from typing import Any, Optional
 
 from fedrcl.errors import disk_error, fedrcl_error, with_typed_key
+from fedrcl.torch_builds import import_problem, pair_problem
 
 # Subcommands that are not Trainer methods: name -> (module whose ``main(argv)`` runs it, one-line help).
 OTHER_SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -128,19 +132,44 @@ def main(args: list[str] | None = None) -> None:
     to their module's ``main``; the rest to LightningCLI (``fedrcl.lightning_cli``). Classes named in a config
     (``--model my_method.MyMethod``) are also looked up in the current folder. An error of fedrcl's
     (``report_user_error``) ends in its message and exit status 1, without a traceback unless
-    ``FEDRCL_DEBUG=1``; a run stopped by a signal (``Preempted``) in one line saying how to resume it, with
-    exit status 128 + the signal.
+    ``FEDRCL_DEBUG=1``; a run stopped by a signal (``Preempted``: SIGTERM, Ctrl-C) in one line saying how to
+    resume it, with exit status 128 + the signal. A torch and torchvision that cannot work together
+    (``fedrcl.torch_builds``) are one line naming both and the pip line that fixes them: an error before any
+    subcommand runs, a warning beside ``--help``.
     """
     argv = list(sys.argv[1:] if args is None else args)
     # A user's own method or server in the current folder (``--model my_method.MyMethod``), as ``python -m``
     # would find it; appended, so it never shadows an installed module.
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
-    if argv[:1] and argv[0] in OTHER_SUBCOMMANDS:
+    mismatch = pair_problem()  # torch and torchvision builds that cannot work together: say so first
+    if not argv or argv[0] in ("-h", "--help") or argv[0][:1] != "-" \
+            and argv[0] not in TRAINER_SUBCOMMANDS and argv[0] not in OTHER_SUBCOMMANDS:
+        if mismatch:
+            print(f"fedrcl: warning: {mismatch}", file=sys.stderr, flush=True)
+        command_parser().parse_args(argv[:1])  # prints the help or the refusal, and exits
+    if mismatch:
+        print(f"fedrcl: error: {mismatch}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+    try:
+        run_subcommand(argv, args)
+    except KeyboardInterrupt:  # Ctrl-C outside a fit's rounds (those stop as Preempted / Interrupted)
+        print("fedrcl: stopped by SIGINT (Ctrl-C)", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
+    except RuntimeError as error:  # torchvision of another build, found on import
+        line = import_problem(error)
+        if line is None or os.environ.get("FEDRCL_DEBUG") == "1":
+            raise
+        print(f"fedrcl: error: {line}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def run_subcommand(argv: list[str], args: list[str] | None) -> None:
+    """``fedrcl <argv>`` for a known subcommand: ``OTHER_SUBCOMMANDS`` in their module, the rest in
+    LightningCLI (``args``: as given to ``main``, ``None`` for the command line)."""
+    if argv[0] in OTHER_SUBCOMMANDS:
         import_module(OTHER_SUBCOMMANDS[argv[0]][0]).main(argv[1:])
         return
-    if not argv or argv[0] in ("-h", "--help") or argv[0][:1] != "-" and argv[0] not in TRAINER_SUBCOMMANDS:
-        command_parser().parse_args(argv[:1])  # prints the help or the refusal, and exits
     from fedrcl.federated.preemption import Preempted
     from fedrcl.lightning_cli import FedRCLCLI, build_cli, remove_failed_start
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import io
+import os
 import pkgutil
+import re
+import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -235,3 +239,123 @@ def test_without_a_logger_no_config_is_written_over_ones_own(data_root, tmp_path
     run_cli(data_root, tmp_path / "runs", "--trainer.logger", "false", rounds=1)
     assert (work / "config.yaml").read_text() == "# my own notes\n"
     assert not list(work.rglob("split.json"))
+
+
+# -- torch and torchvision of builds that do not match -------------------------------------------------------
+def test_which_torch_and_torchvision_builds_match():
+    from fedrcl.torch_builds import fix_command, mismatch
+
+    assert mismatch("2.14.1", "0.29.1") is None and mismatch("2.14.1+cpu", "0.29.1+cpu") is None
+    assert mismatch("2.5.1+cu121", "0.20.1+cu124") is None  # one CUDA major
+    assert mismatch("2.14.1", "0.28.0") == "torchvision 0.28 belongs to another torch release"
+    assert mismatch("2.14.1+cpu", "0.29.1", platform="linux") == "a CPU torch beside a CUDA torchvision"
+    assert mismatch("2.14.1+cpu", "0.29.1", platform="darwin") is None  # PyPI's macOS torchvision is a CPU build
+    assert mismatch("2.14.1+cpu", "0.29.1+cu128") == "a CPU torch beside a CUDA torchvision"
+    assert mismatch("2.1.0+cu118", "0.16.0+cu121") == "CUDA 11 beside CUDA 12"
+    assert fix_command("2.14.1+cpu") == \
+        'pip install --force-reinstall --no-deps "torchvision==0.29.*" --index-url https://download.pytorch.org/whl/cpu'
+    assert fix_command("2.15.0a0") == 'pip install --force-reinstall --no-deps "torchvision==0.30.*"'
+
+
+def _fedrcl_with(stub: Path, *args: str) -> subprocess.CompletedProcess:
+    """``fedrcl <args>`` in a child process whose ``sys.path`` starts with ``stub``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stub), str(REPO)]), "OMP_NUM_THREADS": "1"}
+    env.pop("FEDRCL_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "fedrcl.cli", *args], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=stub)
+
+
+def test_a_torchvision_that_cannot_load_its_operators_is_one_line(tmp_path):
+    """The failure pip's CPU torch beside PyPI's CUDA torchvision ends in (a 40-line traceback from
+    torchmetrics' import before): one line naming both versions and the pip line that fixes it."""
+    (tmp_path / "torchvision").mkdir()
+    (tmp_path / "torchvision" / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")\n')
+    result = _fedrcl_with(tmp_path, "fit", "--config", str(REPO / "configs" / "quickstart.yaml"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    line = result.stderr.strip()
+    assert line.startswith(f"fedrcl: error: torch {metadata.version('torch')} and torchvision "), line
+    assert "(operator torchvision::nms does not exist)" in line, line
+    assert 'pip install --force-reinstall --no-deps "torchvision==0.' in line, line
+
+
+def test_a_torchvision_of_another_release_is_named_before_any_command_and_beside_help(tmp_path):
+    """Read from the installed packages' metadata, without importing either: ``--help`` stays cheap (no torch,
+    no Lightning) and says it; every subcommand stops at it."""
+    info = tmp_path / "torchvision-0.20.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.20.1\n")
+    shown = _fedrcl_with(tmp_path, "--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: fedrcl "), shown.stderr
+    torch_version = metadata.version("torch")
+    assert shown.stderr.startswith(f"fedrcl: warning: torch {torch_version} and torchvision 0.20.1 are builds that "
+                                   "do not work together (torchvision 0.20 belongs to another torch release)"), \
+        shown.stderr
+    probe = "import sys; from fedrcl.cli import main\ntry: main(['--help'])\nexcept SystemExit: pass\n" \
+            "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env)
+    assert imported.stdout.strip().splitlines()[-1] == "[]", imported.stdout + imported.stderr
+    for command in (["report", "runs"], ["fit", "--config", str(REPO / "configs" / "quickstart.yaml")]):
+        result = _fedrcl_with(tmp_path, *command)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr[-3000:]
+        assert result.stderr.startswith("fedrcl: error: torch ") and '"torchvision==0.' in result.stderr
+
+
+# -- a GPU-sized run on a CPU ---------------------------------------------------------------------------------
+def test_the_time_of_a_run_and_when_it_is_worth_a_warning():
+    from fedrcl.federated.progress import LONG_RUN_SECONDS, cpu_scale_configs, long_run_warning, run_seconds
+
+    assert run_seconds(1.0, 250, 1000) == 250_000.0 and run_seconds(0.5, 10, 3, steps_done=4) == 13.0
+    assert LONG_RUN_SECONDS == 86400
+    # ResNet-18 width 64, the paper's 1000 rounds of 5 clients x 50 steps, at about 1 s a step on one CPU thread
+    paper = long_run_warning(run_seconds(1.0, 250, 1000), "1 s a step", "cpu", "cifar10")
+    assert paper is not None and "about 2.9 days on this cpu (1 s a step;" in paper, paper
+    assert paper.endswith("configs/cpu/cifar10_a01_cnn.yaml, configs/cpu/cifar10_a01_resnet8.yaml"), paper
+    assert cpu_scale_configs("cifar10") == ["configs/cpu/cifar10_a01_cnn.yaml", "configs/cpu/cifar10_a01_resnet8.yaml"]
+    other = long_run_warning(run_seconds(1.0, 250, 1000), "1 s a step", "cpu", "cifar100")
+    assert other is not None and "no CPU-scale config of cifar100" in other and "--trainer.rounds" in other
+    gpu = long_run_warning(2 * 86400, "0.3 s a step", "cuda", "cifar10")
+    assert gpu is not None and "configs/cpu" not in gpu
+    # the CPU-scale settings themselves: width 8 (about 63 ms a step), 100 rounds; the CNN (35 ms), 200 rounds
+    assert long_run_warning(run_seconds(0.063, 250, 100), "", "cpu", "cifar10") is None
+    assert long_run_warning(run_seconds(0.035, 250, 200), "", "cpu", "cifar10") is None
+
+
+def test_a_run_of_weeks_says_so_from_its_first_steps(data_root, tmp_path, capsys, monkeypatch):
+    """Without a terminal the first round says its pace after ``FIRST_LINE_SECONDS`` (here 0: after its second
+    step), before the round's line; a run estimated at more than a day warns once. The quickstart with ten
+    million rounds, stopped by SIGTERM in round 1."""
+    from fedrcl.federated import progress
+    from fedrcl.federated.preemption import Preempted
+
+    monkeypatch.setattr(progress, "FIRST_LINE_SECONDS", 0.0)
+    with pytest.raises(Preempted):
+        run_cli(data_root, tmp_path, "--trainer.callbacks+=faults.SignalAt", "--trainer.callbacks.init_args.round=1",
+                "--trainer.callbacks.init_args.step=3", rounds=10_000_000)
+    err = capsys.readouterr().err.splitlines()
+    first = next(i for i, line in enumerate(err) if line.startswith("Round 1/10000000"))
+    assert re.fullmatch(r"Round 1/10000000  step 2/\d+ in 0:0\d  \([\d.e-]+ s a step; round about 0:0\d, "
+                        r"run about [\d.]+ days\)", err[first]), err[first]
+    assert any(line.startswith("Round 1/10000000  val/acc ") for line in err[first + 1:]), err[first:]
+    warnings = [line for line in err if line.startswith("fedrcl: warning: this run would train for about ")]
+    assert len(warnings) == 1 and " days on this cpu (" in warnings[0], err
+    assert "configs/cpu/ has no CPU-scale config of digits" in warnings[0], warnings
+
+
+def test_cifar_without_internet_names_a_prepared_npz_as_data_root(tmp_path, monkeypatch):
+    """Offline, the way that needs no download: ``--data.root`` at a folder holding ``cifar10.npz``."""
+    import urllib.error
+    import urllib.request
+
+    from fedrcl.data.datasets import DataUnavailableError, load_dataset
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    for download in (False, True):
+        with pytest.raises(DataUnavailableError) as info:
+            load_dataset("cifar10", tmp_path, download=download)
+        assert "give --data.root a folder holding a prepared cifar10.npz" in str(info.value), str(info.value)

@@ -3,7 +3,8 @@
 The kill tests run ``fedrcl fit`` as a separate process that SIGKILLs itself half-way through writing a
 chosen checkpoint file (``tests/faults.py``); the resumed run must then equal a run that never stopped: its
 weights bitwise, and every scalar of every round (``all_curves``) once, with the same value. The preemption
-tests send SIGTERM in the middle of a round (``faults.SignalAt``), with one process and with two.
+tests send SIGTERM (and Ctrl-C's SIGINT) in the middle of a round (``faults.SignalAt``), with one process and
+with two.
 """
 from __future__ import annotations
 
@@ -384,6 +385,57 @@ def test_output_to_a_closed_pipe_never_stops_the_run(data_root, tmp_path, run_di
     assert_same_curves(all_curves(run_dir), all_curves(tmp_path / "full"), rounds=3)
 
 
+SIGINT_IN_ROUND_2 = (*SIGTERM_IN_ROUND_2, "--trainer.callbacks.init_args.signal=SIGINT")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_root, tmp_path_factory) -> tuple[dict, dict]:
+    """The weights and curves of the 3-round run the interrupted ones are resumed into."""
+    save_dir = tmp_path_factory.mktemp("uninterrupted")
+    full = run_cli(data_root, save_dir, rounds=3, model=FEDAVG)
+    return full.model.state_dict(), all_curves(save_dir)
+
+
+def test_ctrl_c_stops_after_the_round_checkpointed_and_resumes_exactly(data_root, run_dir, uninterrupted):
+    """Ctrl-C (SIGINT) as SIGTERM: one line at once says the run stops after the round; round 2 finishes and
+    is checkpointed; exit status 130, one line with the resume command (no Lightning "graceful shutdown", no
+    traceback); the resume equals a run that never stopped, bitwise."""
+    stopped = fit_process(data_root, run_dir, *SIGINT_IN_ROUND_2, rounds=3)
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert "fedrcl: Ctrl-C: stopping after round 2/3, checkpointed; Ctrl-C again stops now" in stopped.stderr
+    last = checkpoints(run_dir) / "last.ckpt"
+    line = stopped.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"fedrcl: stopped by SIGINT after round 2/3, checkpoint {last}; resume: fedrcl fit ")
+    assert line.endswith(" --ckpt_path last"), line
+    assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr, stopped.stderr[-3000:]
+    assert read_checkpoint(last)["epoch"] == 1  # round 2, whole
+    resumed = run_cli(data_root, run_dir, "--ckpt_path", "last", rounds=3, model=FEDAVG)
+    assert resumed.trainer.current_epoch == 3
+    assert_same_state(uninterrupted[0], resumed.model.state_dict())
+    assert_same_curves(all_curves(run_dir), uninterrupted[1], rounds=3)
+
+
+def test_a_second_ctrl_c_stops_at_once_in_one_line_and_the_run_resumes_exactly(data_root, run_dir, uninterrupted):
+    """Two Ctrl-C in round 2: the run stops before round 2 ends, in one line naming the last checkpoint
+    (round 1) and the resume command, exit status 130, no traceback; resumed, it equals a run that never
+    stopped, bitwise."""
+    second = ("--trainer.callbacks+=faults.SignalAt", "--trainer.callbacks.init_args.round=2",
+              "--trainer.callbacks.init_args.step=2", "--trainer.callbacks.init_args.signal=SIGINT")
+    stopped = fit_process(data_root, run_dir, *SIGINT_IN_ROUND_2, *second, *EVERY_ROUND, rounds=3)
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    last = checkpoints(run_dir) / "last.ckpt"
+    lines = stopped.stderr.strip().splitlines()
+    assert lines[-1] == f"fedrcl: stopped by a second SIGINT in round 2/3, the rounds after checkpoint {last} " \
+                        f"lost; resume: {lines[-1].split('resume: ', 1)[1]}", lines[-1]
+    assert lines[-1].endswith(" --ckpt_path last") and lines[-2].startswith("fedrcl: Ctrl-C: stopping after round 2/3")
+    assert "Traceback" not in stopped.stderr and "Round 2/3" not in stopped.stderr, stopped.stderr[-3000:]
+    assert read_checkpoint(last)["epoch"] == 0  # round 1
+    resumed = run_cli(data_root, run_dir, *EVERY_ROUND, "--ckpt_path", "last", rounds=3, model=FEDAVG)
+    assert resumed.trainer.current_epoch == 3
+    assert_same_state(uninterrupted[0], resumed.model.state_dict())
+    assert_same_curves(all_curves(run_dir), uninterrupted[1], rounds=3)
+
+
 TWO_PROCESSES = ("--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.clients_per_round", "5",
                  "--data.eval_batch_size", "100")
 
@@ -462,11 +514,12 @@ def test_slurms_requeue_signal_stops_a_run_when_auto_requeue_is_on():
         connector = SimpleNamespace(cluster_environment=environment)
         return _stop_signals(SimpleNamespace(_accelerator_connector=connector))
 
-    assert signals(LightningEnvironment()) == {signal.SIGTERM: False}
-    assert signals(SLURMEnvironment()) == {signal.SIGTERM: False, signal.SIGUSR1: True}
+    stops = {signal.SIGTERM: False, signal.SIGINT: False}  # Ctrl-C as SIGTERM
+    assert signals(LightningEnvironment()) == stops
+    assert signals(SLURMEnvironment()) == {**stops, signal.SIGUSR1: True}
     usr2 = SLURMEnvironment(requeue_signal=signal.SIGUSR2)
-    assert signals(usr2) == {signal.SIGTERM: False, signal.SIGUSR2: True}
-    assert signals(SLURMEnvironment(auto_requeue=False)) == {signal.SIGTERM: False}
+    assert signals(usr2) == {**stops, signal.SIGUSR2: True}
+    assert signals(SLURMEnvironment(auto_requeue=False)) == stops
 
 
 def test_a_resume_does_not_warn_that_its_checkpoint_folder_moved(data_root, tmp_path):

@@ -218,7 +218,8 @@ def _build_cifar(name: str, root: Path, path: Path, download: bool) -> dict[str,
     cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
     archive = root / cls.filename
     by_hand = (f"put {cls.filename} from that address in '{root}' by hand and run again (it is checked and "
-               "unpacked there, nothing is fetched)")
+               f"unpacked there, nothing is fetched), or give --data.root a folder holding a prepared "
+               f"{path.name} (the file fedrcl writes on a first load, e.g. copied from a machine with internet)")
     out: dict[str, np.ndarray] = {}
     for split, train in (("train", True), ("test", False)):
         try:  # an archive put in root by hand: torchvision checks its md5 and unpacks it, fetching nothing

@@ -1,4 +1,4 @@
-"""Preemption: SIGTERM (and SLURM's requeue signal) stop a run at the end of the round in progress.
+"""Preemption: SIGTERM, Ctrl-C (and SLURM's requeue signal) stop a run at the end of the round in progress.
 
 A scheduler that preempts a job (SLURM, Kubernetes, ``timeout``) sends SIGTERM and, some seconds later,
 SIGKILL. Lightning's own handler stops the loop after the current *step* and exits with status 0, so the
@@ -13,8 +13,14 @@ round, and sets Lightning's ``trainer.should_stop``, so ``RoundCheckpoint`` save
 ``fedrcl`` command prints one line with the round and the command that resumes it (``--ckpt_path last``,
 which continues bitwise as if the run never stopped).
 
-Signals: SIGTERM always. Under SLURM, Lightning's ``SLURMEnvironment`` with ``auto_requeue`` (its default)
-adds its ``requeue_signal`` (SIGUSR1 unless set otherwise; ``#SBATCH --signal=USR1@300`` sends it 300 s
+Ctrl-C (SIGINT) is the same request, from a terminal: the first one says on stderr that the run stops after
+the round in progress, checkpointed (exit status 130); a second one stops the run at once (``Interrupted``):
+the rounds after the last checkpoint are lost, that checkpoint stays, and the command prints one line with it
+and the resume command, no traceback. Lightning's own handling of Ctrl-C (stop after the current step, no
+checkpoint, exit status 1; a traceback on a second Ctrl-C) never runs during a fit.
+
+Signals: SIGTERM and SIGINT always. Under SLURM, Lightning's ``SLURMEnvironment`` with ``auto_requeue`` (its
+default) adds its ``requeue_signal`` (SIGUSR1 unless set otherwise; ``#SBATCH --signal=USR1@300`` sends it 300 s
 before the time limit); after that signal's checkpoint, rank 0 requeues the job with ``scontrol requeue``,
 as Lightning does (Lightning itself would save a mid-round checkpoint, which a round cannot resume from).
 The processes of a multi-process run all stop after the same round: the process that gets the signal
@@ -68,9 +74,20 @@ class Preempted(SystemExit):
         return self.message()
 
 
+class Interrupted(Preempted):
+    """A second Ctrl-C: the run stopped at once, in round ``round``; ``checkpoint`` is the last one written before
+    it (``None``: none yet), what ``--ckpt_path last`` resumes from; the rounds after it are lost."""
+
+    def message(self, resume_command: str = "--ckpt_path last") -> str:
+        stopped = f"fedrcl: stopped by a second {self.signal_name} in round {self.round}/{self.rounds}"
+        if not self.checkpoint:
+            return f"{stopped}, before its first checkpoint: nothing to resume"
+        return f"{stopped}, the rounds after checkpoint {self.checkpoint} lost; resume: {resume_command}"
+
+
 def _stop_signals(trainer: L.Trainer) -> dict[int, bool]:
     """The signals that stop a fit at the round's end -> whether the job is requeued after it."""
-    signals: dict[int, bool] = {signal.SIGTERM: False}
+    signals: dict[int, bool] = {signal.SIGTERM: False, signal.SIGINT: False}
     environment = trainer._accelerator_connector.cluster_environment
     if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal:
         signals[environment.requeue_signal] = True
@@ -102,8 +119,20 @@ class PreemptionSignals(_SignalConnector):
         if self.signum is None:
             self.signum, self.requeue = signum, self._requeue_after.get(signum, False)
             launcher = self.trainer.strategy.launcher
-            if launcher is not None:  # the processes Lightning started (``ddp`` over popen) stop too
+            # The processes Lightning started (``ddp`` over popen) stop too. Ctrl-C reaches them from the
+            # terminal already (one process group): passing it on would be their second one.
+            if launcher is not None and signum != signal.SIGINT:
                 launcher.kill(signum)
+            if signum == signal.SIGINT and self.trainer.is_global_zero:
+                trainer = self.trainer
+                # os.write: a print() here could land inside another print() of this thread
+                os.write(2, f"\nfedrcl: Ctrl-C: stopping after round {trainer.current_epoch + 1}/"
+                            f"{trainer.max_epochs}, checkpointed; Ctrl-C again stops now, losing the rounds since "
+                            f"the last checkpoint\n"
+                            .encode())
+        elif signum == signal.SIGINT:
+            raise Interrupted(signum, self.trainer.current_epoch + 1, self.trainer.max_epochs or 0,
+                              last_checkpoint(self.trainer), rank=self.trainer.global_rank)
 
 
 class Preemption(L.Callback):
@@ -133,6 +162,12 @@ def stop_signal(trainer: Optional[L.Trainer]) -> Optional[int]:
     return connector.signum if isinstance(connector, PreemptionSignals) else None
 
 
+def last_checkpoint(trainer: L.Trainer) -> Optional[str]:
+    """The ``last.ckpt`` this fit wrote, or ``None`` (none yet, or checkpointing is off)."""
+    rounds = [c for c in trainer.checkpoint_callbacks if isinstance(c, RoundCheckpoint)]
+    return (rounds[0].last_model_path or None) if rounds else None
+
+
 def preempted(trainer: L.Trainer) -> Optional[Preempted]:
     """The ``Preempted`` a finished ``fit`` ends in, or ``None`` (no signal, or the run had trained all of its
     rounds when it came). Requeues a SLURM job after the requeue signal (rank 0)."""
@@ -140,8 +175,7 @@ def preempted(trainer: L.Trainer) -> Optional[Preempted]:
     if not isinstance(connector, PreemptionSignals) or connector.signum is None or not trainer.should_stop:
         return None
     done = trainer.current_epoch  # the loop counted the stopped round as completed
-    rounds = [c for c in trainer.checkpoint_callbacks if isinstance(c, RoundCheckpoint)]
-    checkpoint = rounds[0].last_model_path if rounds else None
+    checkpoint = last_checkpoint(trainer)
     requeued = requeue_slurm_job() if connector.requeue and trainer.is_global_zero else None
     assert trainer.max_epochs is not None  # an int once fit has run
     return Preempted(connector.signum, done, trainer.max_epochs, checkpoint or None, requeued,

@@ -11,6 +11,12 @@ stopped early if it did (EarlyStopping, ``trainer.max_time``, another callback),
 ``val/acc`` and ``val/acc_ema``, the run folder and the last checkpoint. A run stopped by a signal adds the
 line that says how to resume (``fedrcl.federated.preemption``); a diverged run ends in its error instead.
 
+A round can take minutes (a GPU-sized config on a CPU: 23 minutes for round 1), so the first round of a fit
+is timed from its first steps: without a terminal, one line (``first_steps_line``) comes once the round has
+run ``FIRST_LINE_SECONDS``, with the pace and the round's and the run's estimated time; and a run estimated
+at more than ``LONG_RUN_SECONDS`` on this accelerator says so once (``long_run_warning``), with the CPU-scale
+configs of its data set (``configs/cpu/``) when it runs on a CPU.
+
 ``quiet_lightning()`` silences what Lightning prints that says nothing about a federated run: the tip to
 install another logging product, the ``LeafSpec`` deprecation raised inside Lightning itself (torch 2.10+),
 the advice to lower ``log_every_n_steps`` (a round's metrics are logged once per round, whatever the step
@@ -24,16 +30,19 @@ import logging
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
+import yaml
 from lightning.pytorch.callbacks import EarlyStopping, ModelSummary, ProgressBar, Timer, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 from torchmetrics import Metric
 
 __all__ = ["RoundProgressBar", "RoundLines", "RoundLog", "RoundReport", "RunClock", "WeightsSummary",
-           "round_progress", "run_summary", "stop_reason", "quiet_lightning"]
+           "cpu_scale_configs", "first_steps_line", "long_run_warning", "round_progress", "run_seconds",
+           "run_summary", "stop_reason", "quiet_lightning"]
 summary_log = logging.getLogger("lightning.pytorch.callbacks.model_summary")  # where Lightning's summary goes
 
 
@@ -42,6 +51,57 @@ def duration(seconds: float) -> str:
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def days_or_duration(seconds: float) -> str:
+    """``duration`` up to two days, then in days: ``700000`` -> ``8.1 days``."""
+    return f"{seconds / 86400:.1f} days" if seconds >= 2 * 86400 else duration(seconds)
+
+
+LONG_RUN_SECONDS = 24 * 3600  # a run estimated longer than a day here is worth a warning
+FIRST_LINE_SECONDS = 5.0  # without a terminal, the first round says how it goes after this long
+
+
+def run_seconds(step_seconds: float, steps_per_round: int, rounds: int, steps_done: int = 0) -> float:
+    """The training time of ``rounds`` rounds of ``steps_per_round`` steps at ``step_seconds`` a step, less
+    the ``steps_done`` already trained (evaluation comes on top)."""
+    return step_seconds * max(steps_per_round * rounds - steps_done, 0)
+
+
+def cpu_scale_configs(dataset: str, folder: Optional[Path] = None) -> list[str]:
+    """The configs under ``configs/cpu/`` (``folder``) that train ``dataset``: the CPU-scale settings of the
+    paper's protocol (docs/results.md), as paths from the working folder where it holds them."""
+    folder = folder if folder is not None else Path(__file__).resolve().parents[2] / "configs" / "cpu"
+    found = []
+    for path in sorted(folder.glob("*.yaml")):
+        try:
+            config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if (config.get("data") or {}).get("dataset") == dataset:
+            try:
+                found.append(str(path.resolve().relative_to(Path.cwd().resolve())))
+            except ValueError:
+                found.append(str(path))
+    return found
+
+
+def long_run_warning(seconds: float, pace: str, accelerator: str, dataset: Optional[str],
+                     configs: Optional[list[str]] = None) -> Optional[str]:
+    """``fedrcl: warning: ...`` for a run estimated at ``seconds`` (``pace``: how the estimate was made) when
+    that is more than ``LONG_RUN_SECONDS``, else ``None``. On a CPU it names the CPU-scale configs of
+    ``dataset`` (``cpu_scale_configs`` unless ``configs`` is given)."""
+    if seconds <= LONG_RUN_SECONDS:
+        return None
+    line = (f"fedrcl: warning: this run would train for about {days_or_duration(seconds)} on this {accelerator} "
+            f"({pace}; evaluation comes on top): a GPU-sized config?")
+    if accelerator != "cpu":
+        return line
+    configs = cpu_scale_configs(dataset) if configs is None and dataset else configs or []
+    if configs:
+        return f"{line} The CPU-scale setting of {dataset}: {', '.join(configs)}"
+    return (f"{line} configs/cpu/ has no CPU-scale config of {dataset}; fewer rounds (--trainer.rounds) or a "
+            "narrower backbone (fedrcl.models.ResNet18 with width 8) shorten it")
 
 
 class RunClock:
@@ -129,14 +189,67 @@ def run_summary(trainer: L.Trainer, clock: RunClock) -> str:
     return "\n".join(lines)
 
 
+def first_steps_line(trainer: L.Trainer, steps: int, step_seconds: float, elapsed: float) -> str:
+    """``Round 1/1000  step 6/250 in 0:06  (1.04 s a step; round about 4:20, run about 3.0 days)``."""
+    total, rounds = trainer.num_training_batches, trainer.max_epochs
+    assert isinstance(total, int) and rounds is not None  # a round's steps and trainer.rounds, during fit
+    left = run_seconds(step_seconds, total, rounds - trainer.current_epoch, steps)
+    return (f"Round {trainer.current_epoch + 1}/{rounds}  step {steps}/{total} in {duration(elapsed)}  "
+            f"({step_seconds:.3g} s a step; round about {duration(step_seconds * total)}, run about "
+            f"{days_or_duration(left)})")
+
+
 class RoundReport:
-    """What the three progress callbacks share: the run's clock, started with training, and the summary the
-    fit ends with (on rank 0)."""
+    """What the three progress callbacks share: the run's clock, started with training; the pace of the
+    fit's first round, from its first steps (a line without a terminal, ``print_first_steps``; a warning for a
+    run of more than a day, ``long_run_warning``); and the summary the fit ends with (on rank 0)."""
 
     clock: RunClock
+    print_first_steps = True  # without a terminal: the progress bar shows the steps itself
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.clock.fit_started(trainer)
+        self._pace_said = not trainer.is_global_zero
+        self._first_step_end: Optional[float] = None
+
+    def first_steps(self, trainer: L.Trainer, batch_idx: int) -> None:
+        """After each step of the fit's first round until its pace is said: the first step ends the warm-up;
+        ``FIRST_LINE_SECONDS`` into the round (and at least one step later), the pace of the steps since."""
+        if getattr(self, "_pace_said", True):
+            return
+        now = time.perf_counter()
+        if self._first_step_end is None:
+            self._first_step_end = now
+            return
+        elapsed = self.clock.round_seconds()
+        if elapsed < FIRST_LINE_SECONDS:
+            return
+        self._pace_said = True
+        step_seconds, total, rounds = (now - self._first_step_end) / batch_idx, trainer.num_training_batches, \
+            trainer.max_epochs
+        assert isinstance(total, int) and rounds is not None  # a round's steps and trainer.rounds, during fit
+        if self.print_first_steps:
+            print(first_steps_line(trainer, batch_idx + 1, step_seconds, elapsed), file=sys.stderr, flush=True)
+        seconds = run_seconds(step_seconds, total, rounds - trainer.current_epoch, batch_idx + 1)
+        self._warn_if_long(trainer, seconds, f"{step_seconds:.3g} s a step measured, {total} steps a round, "
+                                             f"{rounds} rounds")
+
+    def first_round_done(self, trainer: L.Trainer) -> None:
+        """At the end of the fit's first round, if it was too short to say its pace: from its duration."""
+        if getattr(self, "_pace_said", True):
+            return
+        self._pace_said = True
+        assert trainer.max_epochs is not None  # an int during fit
+        seconds = self.clock.round_seconds()
+        self._warn_if_long(trainer, seconds * (trainer.max_epochs - trainer.current_epoch - 1),
+                           f"{duration(seconds)} for round {trainer.current_epoch + 1}, {trainer.max_epochs} rounds")
+
+    def _warn_if_long(self, trainer: L.Trainer, seconds: float, pace: str) -> None:
+        accelerator = type(trainer.accelerator).__name__.removesuffix("Accelerator").lower()
+        dataset = getattr(getattr(trainer, "datamodule", None), "dataset", None)
+        warning = long_run_warning(seconds, pace, accelerator, dataset if isinstance(dataset, str) else None)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
@@ -148,6 +261,7 @@ class RoundProgressBar(RoundReport, TQDMProgressBar):
     elapsed time and time left; redrawn at most every ``REDRAW_SECONDS`` and at each round's last step."""
 
     REDRAW_SECONDS = 0.1
+    print_first_steps = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -158,6 +272,7 @@ class RoundProgressBar(RoundReport, TQDMProgressBar):
                            batch_idx: int) -> None:
         """Lightning's redraw, throttled: at every step it formats the bar and its metrics (about 840 Python
         calls a step, where the rest of Lightning's step loop makes about 1,500), faster than anyone reads."""
+        self.first_steps(trainer, batch_idx)
         bar, now = self.train_progress_bar, time.perf_counter()
         if bar is not None and batch_idx + 1 < bar.total and now - self._redrawn < self.REDRAW_SECONDS:
             return
@@ -171,11 +286,16 @@ class RoundProgressBar(RoundReport, TQDMProgressBar):
     def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
         if self._leave:
             self.train_progress_bar = self.init_train_tqdm()
+        self.clock.round_started()
         bar = self.train_progress_bar
         # Label first, then reset: reset() draws the bar, which in a log file is a line of its own.
         bar.set_description(f"Round {trainer.current_epoch + 1}/{trainer.max_epochs} "
                             f"({self.clock.timing(trainer, trainer.current_epoch)})", refresh=False)
         bar.reset(total=convert_inf(self.total_train_batches))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        self.first_round_done(trainer)
 
 
 class RoundLines(RoundReport, ProgressBar):
@@ -201,10 +321,16 @@ class RoundLines(RoundReport, ProgressBar):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.clock.round_started()
 
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._enabled:
+            self.first_steps(trainer, batch_idx)
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._enabled:
             print(round_line(trainer, self.get_metrics(trainer, pl_module), self.clock), file=sys.stderr,
                   flush=True)
+            self.first_round_done(trainer)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._enabled:
@@ -220,10 +346,15 @@ class RoundLog(RoundReport, L.Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.clock.round_started()
 
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.first_steps(trainer, batch_idx)
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         metrics = {k: v.item() if hasattr(v, "item") else v for k, v in trainer.progress_bar_metrics.items()}
         if trainer.is_global_zero:
             print(round_line(trainer, metrics, self.clock), file=sys.stderr, flush=True)
+        self.first_round_done(trainer)
 
 
 def round_progress(enable_progress_bar: Optional[bool] = True, logger: Any = None) -> Optional[L.Callback]:
