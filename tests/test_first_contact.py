@@ -11,6 +11,7 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -359,3 +360,34 @@ def test_cifar_without_internet_names_a_prepared_npz_as_data_root(tmp_path, monk
         with pytest.raises(DataUnavailableError) as info:
             load_dataset("cifar10", tmp_path, download=download)
         assert "give --data.root a folder holding a prepared cifar10.npz" in str(info.value), str(info.value)
+
+
+# -- accuracy first ------------------------------------------------------------------------------------------
+def tensorboard_order(tags: list[str]) -> list[tuple[str, list[str]]]:
+    """The groups of cards of TensorBoard's Time Series tab, in its order (tensorboard 2.x ``webfiles``:
+    tags in natural order, where digits compare as numbers and sort, as ``/`` does, before other characters;
+    grouped by their first ``/`` part, in the order the groups first appear)."""
+    def key(tag: str) -> list[tuple[int, Any]]:
+        return [(0, int(part)) if part.isdigit() else (1 if part == "/" else 2, part)
+                for part in re.findall(r"\d+|.", tag)]
+
+    groups: dict[str, list[str]] = {}
+    for tag in sorted(tags, key=key):
+        groups.setdefault(tag.split("/", 1)[0], []).append(tag)
+    return list(groups.items())
+
+
+def test_tensorboard_opens_on_accuracy_and_its_ema(data_root, tmp_path):
+    """The first group of TensorBoard's default tab (Time Series; it opens the first two) holds ``val/acc``
+    and ``val/acc_ema`` (under ``accuracy/``, titled without it), the same values as the tags every reader
+    keeps reading."""
+    from fedrcl.analysis import load_scalars
+
+    cli = run_cli(data_root, tmp_path, rounds=2)
+    curves = load_scalars(Path(cli.trainer.logger.log_dir))
+    groups = tensorboard_order(list(curves))
+    assert groups[0] == ("accuracy", ["accuracy/val/acc", "accuracy/val/acc_ema"]), groups[:2]
+    assert groups[1][0] == "comm" and groups[-1] == ("val", ["val/acc", "val/acc_ema"]), groups
+    for tag in ("val/acc", "val/acc_ema"):
+        for copy, original in zip(curves[f"accuracy/{tag}"], curves[tag]):
+            assert copy.tolist() == original.tolist(), tag
