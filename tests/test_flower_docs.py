@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -76,3 +78,53 @@ def test_the_deployment_block_runs_as_pasted_with_fits_weights_and_one_worker_pe
         partition = int(re.findall(r"partition (\d) of 2", text)[0])
         with_clients = sum(any(k % 2 == partition for k in clients) for clients in sampled)
         assert text.count("train message of run") == with_clients, text
+
+
+def node_configs_in_the_docs() -> list[str]:
+    """Every ``--node-config`` argument and every ``python -m fedrcl.flower.node`` argument in docs/flower.md (its
+    code blocks and inline code), as the shell passes it (a loop's ``$i`` as 0)."""
+    commands = re.findall(r"`([^`\n]*--node-config[^`\n]*)`", (REPO / "docs" / "flower.md").read_text())
+    code = (REPO / "docs" / "flower.md").read_text().replace("\\\n", " ")
+    commands += [line for line in code.splitlines() if "`" not in line and (  # a code block's command line
+        "--node-config" in line or "fedrcl.flower.node '" in line or 'fedrcl.flower.node "' in line)]
+    found = []
+    for command in commands:
+        words = shlex.split(command.replace("$i", "0"), comments=True)
+        found += [words[k + 1] for k, word in enumerate(words[:-1])
+                  if word == "--node-config" or words[k - 1:k + 1] == ["-m", "fedrcl.flower.node"]]
+    return found
+
+
+def test_every_node_config_in_the_docs_is_read_by_flowers_parser():
+    """As pasted: ``flower-supernode`` reads ``--node-config`` with Flower's ``parse_config_args`` (TOML
+    values); an unquoted path (``data-root=/its/data``) made the SuperNode die at its start."""
+    from flwr.common.config import parse_config_args
+
+    configs = node_configs_in_the_docs()
+    assert len(configs) >= 4 and any("data-root" in c for c in configs), configs
+    for config in configs:
+        parsed = parse_config_args([config])
+        assert parsed["num-partitions"] == 2 and parsed["partition-id"] in (0, 1), config
+        assert isinstance(parsed.get("data-root", ""), str), config
+
+
+def test_the_docs_node_config_check_is_one_line_for_what_flower_cannot_read(tmp_path):
+    """``python -m fedrcl.flower.node CONFIG`` (the deployment block runs it before each SuperNode's loop):
+    exit status 2 and one line for a string Flower cannot read or a node cannot serve with, 0 for a good one."""
+    def check(config: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TMPDIR": str(tmp_path)}  # its default state-dir
+        return subprocess.run([sys.executable, "-m", "fedrcl.flower.node", config], capture_output=True,
+                              text=True, timeout=60, env=env)
+
+    unquoted = check(f"partition-id=1 num-partitions=2 data-root={tmp_path}")
+    assert unquoted.returncode == 2 and len(unquoted.stderr.strip().splitlines()) == 1, unquoted.stderr
+    assert unquoted.stderr.startswith(f"python -m fedrcl.flower.node: error: node config 'partition-id=1 "
+                                      f"num-partitions=2 data-root={tmp_path}': not in Flower's format")
+    assert 'a string in double quotes, e.g. \'partition-id=0 num-partitions=2 data-root="/its/data"\'' in \
+        unquoted.stderr
+    missing = check(f'partition-id=1 num-partitions=2 data-root="{tmp_path}/missing"')
+    assert missing.returncode == 2 and "data-root=" in missing.stderr and "does not exist" in missing.stderr
+    out_of_range = check("partition-id=2 num-partitions=2")
+    assert out_of_range.returncode == 2 and "partition-id=2: must be in 0..1" in out_of_range.stderr
+    good = check(f'partition-id=1 num-partitions=2 data-root="{tmp_path}"')
+    assert good.returncode == 0 and not good.stderr, good.stderr

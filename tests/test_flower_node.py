@@ -186,6 +186,36 @@ def test_the_worker_takes_only_its_protocol_from_a_peer_with_its_key(tmp_path):
         assert log.count("refused a request") == 3 and "refused a connection: AuthenticationError" in log
 
 
+def test_a_peer_that_connects_and_stays_silent_is_dropped_within_seconds(tmp_path):
+    """The worker serves one peer at a time: a local process that connects and never answers the key's
+    challenge is dropped after ``HANDSHAKE_TIMEOUT`` seconds and the node's ClientApp is served (it waited for
+    ever: the node's rounds stopped)."""
+    folder = tmp_path / "worker-1"
+    with watched() as node, a_worker(folder, node.pid) as pid, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.connect(str(worker.socket_path(folder)))
+        time.sleep(0.2)  # the worker takes the silent peer first
+        served: list[float] = []
+
+        def clientapp() -> None:
+            started = time.monotonic()
+            with worker.connect(folder) as connection:
+                assert connection is not None
+                connection.send_bytes(b"not the protocol")
+                assert connection.recv_bytes() == worker.PROTOCOL
+            served.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=clientapp, daemon=True)
+        thread.start()
+        thread.join(timeout=worker.HANDSHAKE_TIMEOUT + 15)
+        assert served and served[0] < worker.HANDSHAKE_TIMEOUT + 5, "the ClientApp waited behind a silent peer"
+        silent.settimeout(5)
+        assert silent.recv(4096)  # the challenge the silent peer never answered ...
+        assert silent.recv(4096) == b""  # ... and then the end of its connection
+        assert not ended(pid, 0.2)
+    assert "dropped a peer: no handshake within 5 s" in (folder / "worker.log").read_text()
+
+
 def test_a_state_dir_too_long_for_a_unix_socket_gets_a_private_short_one(tmp_path):
     folder = tmp_path / ("long" * 20) / "worker-1"
     with watched() as node, a_worker(folder, node.pid) as pid:

@@ -10,13 +10,21 @@ waits for its next message before it exits; default 3600).
 ``check`` refuses a configuration the node cannot serve with, naming the key, its value and what is allowed,
 before anything heavy is built: the node's ``query`` handler calls it first, so a bad node fails the run's
 start within seconds.
+
+A string Flower's own parser cannot read (``data-root=/its/data``: a string value needs quotes,
+``data-root="/its/data"``) never gets that far: ``flower-supernode`` dies at its start with a traceback, and a
+loop that restarts it dies again every time. ``python -m fedrcl.flower.node 'CONFIG'`` reads ``CONFIG`` as
+``flower-supernode --node-config 'CONFIG'`` will (``parse``) and checks it as the node's query will
+(``check``): one line and exit status 2 for a bad one, before a SuperNode is started.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
 from collections.abc import Mapping
+from typing import Any, Optional
 from pathlib import Path
 
 DEFAULT_IDLE = 3600.0  # seconds a worker waits for a message before it exits
@@ -113,3 +121,36 @@ def check(node_config: Mapping) -> None:
         raise NodeConfigError(f"node config state-dir={str(base)!r}: cannot be created or written by this "
                               f"node{base_error}; it must be a folder this node can write (per-client state, "
                               "its worker's socket)")
+
+
+def parse(text: str) -> dict[str, Any]:
+    """``text`` read as ``flower-supernode --node-config TEXT`` reads it (Flower's ``parse_config_args``: TOML
+    values, space-separated ``key=value`` pairs); ``NodeConfigError`` naming it if Flower cannot read it."""
+    from flwr.common.config import parse_config_args
+
+    try:
+        return parse_config_args([text])
+    except Exception as error:  # noqa: BLE001  # click's ClickException, tomli's, a ValueError: all alike
+        raise NodeConfigError(
+            f"node config {text!r}: not in Flower's format ({type(error).__name__}): space-separated key=value "
+            "pairs with TOML values, a string in double quotes, e.g. "
+            "'partition-id=0 num-partitions=2 data-root=\"/its/data\"'") from None
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """``python -m fedrcl.flower.node CONFIG``: exit status 0 if a SuperNode can serve with ``CONFIG``, else
+    one line and exit status 2."""
+    parser = argparse.ArgumentParser(prog="python -m fedrcl.flower.node",
+                                     description="Check a node config as flower-supernode --node-config reads "
+                                                 "it and as a fedrcl node checks it.")
+    parser.add_argument("config", help="the --node-config string, e.g. 'partition-id=0 num-partitions=2'")
+    args = parser.parse_args(argv)
+    try:
+        check(parse(args.config))
+    except NodeConfigError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -12,7 +12,9 @@ A worker is keyed by its SuperNode (the ClientApp's parent process, ``watch``) a
 its folder ``<state-dir>/worker-<pid>`` (mode 0700) holds its Unix socket, its key (``authkey``, mode 0600;
 ``multiprocessing.connection``'s challenge) and its log (``worker.log``, kept after it exits: what it built
 and when, each message's seconds). It runs in a session of its own and exits when its SuperNode's process
-ends, on SIGTERM, or after ``idle`` seconds without a message (node config ``worker-idle``).
+ends, on SIGTERM, or after ``idle`` seconds without a message (node config ``worker-idle``). It serves one
+peer at a time, so a peer must pass the key's challenge within ``HANDSHAKE_TIMEOUT`` seconds and send each
+frame within ``FRAME_TIMEOUT``; one that connects and stays silent is dropped, logged, and the next served.
 
 The socket carries bytes only, never pickles: a request is the frames ``PROTOCOL``, a JSON header (the
 ClientApp's ``sys.path``, so that modules of the Flower app import alike), Flower's own protobuf encoding of
@@ -29,6 +31,8 @@ import json
 import logging
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -36,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Optional
 
@@ -48,6 +52,7 @@ from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no
 PROTOCOL = b"fedrcl-worker/1"
 START_TIMEOUT = 120.0  # seconds a ClientApp waits for a worker it started to listen
 FRAME_TIMEOUT = 60.0  # seconds the worker waits for each frame of a request
+HANDSHAKE_TIMEOUT = 5.0  # seconds a peer has to pass the key's challenge before it is dropped
 log = logging.getLogger("fedrcl.flower.worker")
 
 
@@ -247,12 +252,42 @@ class _Handler:
         return self.app(message, context)
 
 
+def _time_limit(peer: socket.socket, seconds: float) -> None:
+    """Make a blocking read or write on ``peer`` fail (``BlockingIOError``) after ``seconds`` without progress
+    (``SO_RCVTIMEO`` / ``SO_SNDTIMEO``: the socket stays blocking, as ``Connection`` needs)."""
+    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+
+
+def accept(server: socket.socket, authkey: bytes, handshake: float = HANDSHAKE_TIMEOUT) -> Connection:
+    """The next peer on ``server`` as a ``Connection``, once it passed the key's challenge both ways (what
+    ``multiprocessing.connection.Listener.accept`` does, which waits for a silent peer for ever) within
+    ``handshake`` seconds; then each of its reads and writes may stall ``FRAME_TIMEOUT`` seconds. A peer that
+    fails raises ``AuthenticationError``, ``EOFError`` or ``OSError`` (silent: ``BlockingIOError``)."""
+    peer, _ = server.accept()
+    with peer:  # the limits belong to the socket, which the connection's own descriptor shares
+        _time_limit(peer, handshake)
+        connection = Connection(os.dup(peer.fileno()))
+        try:
+            deliver_challenge(connection, authkey)
+            answer_challenge(connection, authkey)
+            _time_limit(peer, FRAME_TIMEOUT)
+        except BaseException:
+            connection.close()
+            raise
+    return connection
+
+
 def serve(folder: Path, watch: int, idle: float) -> None:
     """Answer requests on ``folder``'s socket until process ``watch`` ends, SIGTERM, or ``idle`` seconds
     pass without a request."""
     os.umask(0o077)
     address = socket_path(folder)
-    listener = Listener(str(address), family="AF_UNIX", authkey=(folder / "authkey").read_bytes())
+    authkey = (folder / "authkey").read_bytes()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(address))
+    server.listen()
     last, busy = [time.monotonic()], threading.Event()
 
     def leave(reason: str) -> None:
@@ -279,7 +314,10 @@ def serve(folder: Path, watch: int, idle: float) -> None:
     handle = _Handler()
     while True:
         try:
-            connection = listener.accept()
+            connection = accept(server, authkey)
+        except BlockingIOError:
+            log.warning("dropped a peer: no handshake within %.0f s", HANDSHAKE_TIMEOUT)
+            continue
         except Exception as error:  # noqa: BLE001  # a wrong key, a peer gone: the next one is served
             log.warning("refused a connection: %s: %s", type(error).__name__, error)
             continue
