@@ -338,7 +338,7 @@ def test_resuming_with_fewer_rounds_than_the_checkpoint_names_the_key(data_root,
 def test_weights_of_another_shape_are_refused_not_broadcast():
     """``load_state_`` (the broadcast into the client model, a resume, Flower's replies) names a tensor of
     another shape; ``copy_`` alone would broadcast ``zeros(1)`` into a bias of 10 without a word."""
-    from fedrcl.federated.weights import load_state_
+    from fedrcl.contract.weights import load_state_
 
     layer = torch.nn.Linear(4, 10)
     state = {"weight": layer.weight.detach().clone(), "bias": torch.zeros(1)}

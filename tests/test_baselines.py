@@ -11,8 +11,8 @@ import yaml
 
 from conftest import REPO, assert_same_state, run_cli
 from fedrcl.cli import main
-from fedrcl.federated.context import ClientContext
-from fedrcl.federated.weights import snapshot
+from fedrcl.contract.context import ClientContext
+from fedrcl.contract.weights import snapshot
 from fedrcl.losses.decorrelation import decorrelation_loss
 from fedrcl.losses.feature_distillation import hint_losses
 from fedrcl.losses.logit_calibration import calibrated_cross_entropy

@@ -12,7 +12,7 @@ import torch
 from conftest import REPO, assert_same_state, run_cli
 from fedrcl.algorithms.fedmlb import forward_from, forward_with_maps
 from fedrcl.algorithms.fedproc import PrototypeServer
-from fedrcl.federated.client_state import ClientStateStore, state_nbytes
+from fedrcl.algorithms.client_state import ClientStateStore, state_nbytes
 from fedrcl.losses.branch_distillation import hybrid_branch_losses
 from fedrcl.losses.info_nce import info_nce
 from fedrcl.losses.model_contrastive import model_contrastive_loss
@@ -144,8 +144,8 @@ def make(cls, **kwargs):
 
 def test_moon_uses_the_clients_previous_model_from_the_store(tmp_path):
     from fedrcl.algorithms import MOON
-    from fedrcl.federated.context import ClientContext
-    from fedrcl.federated.weights import snapshot
+    from fedrcl.contract.context import ClientContext
+    from fedrcl.contract.weights import snapshot
 
     model = make(MOON)
     model.store = ClientStateStore(tmp_path, max_in_memory=1)
@@ -222,8 +222,8 @@ def test_level_by_level_forward_is_forward_and_grafts(backbone, x):
 
 def test_fedmlb_branches_are_zero_kd_at_the_global_weights_and_train_through_the_global_blocks():
     from fedrcl.algorithms import FedMLB
-    from fedrcl.federated.context import ClientContext
-    from fedrcl.federated.weights import snapshot
+    from fedrcl.contract.context import ClientContext
+    from fedrcl.contract.weights import snapshot
 
     model = make(FedMLB)
     model.on_client_start(ClientContext(0, 0, 10, 1, 0, snapshot(model.backbone)))

@@ -27,7 +27,8 @@ def test_state_bytes_by_dtype():
 def test_client_traffic_adds_what_the_method_and_the_server_send():
     """A client's bytes: the weights and, through the round's downlink and result, every extra."""
     from fedrcl.federated.round import ClientResult, ServerRound
-    from fedrcl.federated.exchange import ClientExchange
+    from fedrcl.contract.exchange import ClientExchange
+    from fedrcl.contract.plan import RoundPlan
     from fedrcl.server import FedAvg as FedAvgServer
 
     class Method(ClientExchange):
@@ -47,12 +48,11 @@ def test_client_traffic_adds_what_the_method_and_the_server_send():
     weights = {"w": torch.zeros(5)}
     upload = {"sums": torch.zeros(10, 4), "counts": torch.zeros(10, dtype=torch.int32)}
     ledger = RoundLedger()
-    ledger.start_round(0)
-    server_round = ServerRound(Server(), Method(), 0, weights, ledger)
-    client = server_round.context(client_id=3, num_samples=7, num_steps=1, seed=0)
-    downlink = server_round.downlink(client)
+    server_round = ServerRound(Server(), Method(), 0, weights, ledger)  # begins the ledger's round
+    plan = RoundPlan(round_idx=0, client_ids=(3,), num_samples=(7,), steps_per_epoch=(1,), local_epochs=1)
+    ((client, downlink),) = server_round.configure(plan)
     assert set(downlink.extras) == {"broadcast", "download"}
-    server_round.add(client, ClientResult(weights, upload, None), downlink)
+    server_round.add(client.client_id, ClientResult(weights, upload, None))
     metrics = ledger.comm_metrics()
     assert metrics["comm/down_bytes_float32"] == 20 + 160 and metrics["comm/down_bytes_float64"] == 48
     assert metrics["comm/up_bytes_float32"] == 20 + 160 and metrics["comm/up_bytes_int32"] == 40

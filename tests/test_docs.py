@@ -62,5 +62,5 @@ def test_concepts_package_layout_names_every_folder_and_backbone():
     assert not missing, f"folders the layout does not name: {missing}"
     backbones = [name for name in fedrcl.models.__all__ if name != "ModelOutput"]
     assert not [b for b in backbones if f"`{b}`" not in layout]
-    for module in ("fedrcl/federated/round.py", "fedrcl/federated/exchange.py"):
+    for module in ("fedrcl/federated/round.py", "fedrcl/contract/exchange.py"):
         assert module in layout

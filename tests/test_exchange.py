@@ -1,11 +1,11 @@
-"""The exchange hooks, declared once (``fedrcl.federated.exchange``), checked before training on every backend."""
+"""The exchange hooks, declared once (``fedrcl.contract.exchange``), checked before training on every backend."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from conftest import run_cli
-from fedrcl.federated.exchange import ClientExchange, ServerExchange, check_method
+from fedrcl.contract.exchange import ClientExchange, ServerExchange, check_method
 from fedrcl.server import FedAvg as FedAvgServer
 from fedrcl.server import SCAFFOLD as ScaffoldServer
 
@@ -92,8 +92,8 @@ def test_importing_the_round_facts_and_the_exchange_does_not_load_lightning():
     import subprocess
     import sys
 
-    code = ("import sys, fedrcl.federated.context, fedrcl.federated.exchange, fedrcl.federated.round, "
-            "fedrcl.federated.weights; from fedrcl.federated import ClientContext; "
+    code = ("import sys, fedrcl.contract.context, fedrcl.contract.exchange, fedrcl.federated.round, "
+            "fedrcl.contract.weights; from fedrcl.federated import ClientContext; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout

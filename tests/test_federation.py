@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fedrcl.federated.aggregation import WeightedSum
-from fedrcl.federated.plan import RoundPlan
+from fedrcl.contract.plan import RoundPlan
 from fedrcl.federated.sampling import sample_clients
 from fedrcl.server import FedAvg
 

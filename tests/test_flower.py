@@ -210,7 +210,8 @@ def _round(num_clients: int = 6, nodes: Optional[dict[int, int]] = None):
     from fedrcl.flower.strategy import FedrclStrategy
     from fedrcl.server import FedAvg
 
-    strategy = FedrclStrategy(FedAvg(), [10 + k for k in range(num_clients)], 3, seed=0)
+    strategy = FedrclStrategy(FedAvg(), [10 + k for k in range(num_clients)], 3, seed=0,
+                              steps_per_epoch=[2] * num_clients, local_epochs=1)
     nodes = nodes or {k: 100 + k for k in range(num_clients)}
     for node in set(nodes.values()):  # one partition per node
         strategy.fleet.partitions[node] = Partition(node, [k for k, n in nodes.items() if n == node], (node, ""))
@@ -284,7 +285,7 @@ def test_a_diverged_client_stops_the_round_naming_it(server_task):
 ])
 def test_a_broken_exchange_is_refused_before_anything_is_written(data_root, tmp_path, model, message):
     """A method that sends something with no hook to take it on the other machine, or a misspelt hook, stops
-    the Flower run as it stops ``fedrcl fit`` (``fedrcl.federated.exchange``), before the run folder is
+    the Flower run as it stops ``fedrcl fit`` (``fedrcl.contract.exchange``), before the run folder is
     written. Callbacks that see the clients' local models are named as not run."""
     from fedrcl.flower.config import build
     from fedrcl.flower.server import not_run, run_federation

@@ -99,8 +99,8 @@ class ScriptedGrid:
 
 
 def strategy_on(grid: ScriptedGrid, restart_wait: float = 30.0, refusal_grace: float = 10.0) -> FedrclStrategy:
-    strategy = FedrclStrategy(FedAvg(), [10 + k for k in range(CLIENTS)], 3, seed=0, node_wait=5.0,
-                              restart_wait=restart_wait)
+    strategy = FedrclStrategy(FedAvg(), [10 + k for k in range(CLIENTS)], 3, seed=0, steps_per_epoch=[2] * CLIENTS,
+                              local_epochs=1, node_wait=5.0, restart_wait=restart_wait)
     strategy.fleet.poll, strategy.fleet.refusal_grace = 0.01, refusal_grace
     strategy.fleet.discover(grid, strategy.node_wait)
     return strategy

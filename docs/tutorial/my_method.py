@@ -19,7 +19,7 @@ from torch import Tensor
 
 from fedrcl.algorithms import FedAvg
 from fedrcl.algorithms.client_memory import PersistentClientState
-from fedrcl.federated.context import ClientContext
+from fedrcl.contract.context import ClientContext
 from fedrcl.losses.proximal import squared_distance
 from fedrcl.models.output import ModelOutput
 from fedrcl.server.base import ServerOptimizer, State, round_update

@@ -1,6 +1,6 @@
 """A client algorithm that keeps a state dict per client across rounds (MOON's previous local model,
 SCAFFOLD's control variate c_i, FedDyn's dual variable g_i), in a
-``fedrcl.federated.client_state.ClientStateStore``.
+``fedrcl.algorithms.client_state.ClientStateStore``.
 
 One safetensors file per client under
 ``<log dir>/client_state`` (or ``state_dir``), at most ``max_states_in_memory`` in a CPU cache; the
@@ -17,9 +17,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
-from fedrcl.federated.client_state import ClientStateStore
-from fedrcl.federated.context import ClientContext
-from fedrcl.federated.strategy import gather_objects
+from fedrcl.algorithms.client_state import ClientStateStore
+from fedrcl.contract.context import ClientContext
+from fedrcl.contract.processes import gather_objects
 
 
 class PersistentClientState(FedAvg):

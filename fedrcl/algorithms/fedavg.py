@@ -4,12 +4,12 @@
 
 It is the base class of every client algorithm: subclasses override ``client_loss`` and, if they keep
 state across rounds or need the round's global model, ``on_client_start`` / ``on_client_end``; a method
-that exchanges more than the weights overrides the hooks of ``fedrcl.federated.exchange.ClientExchange``.
+that exchanges more than the weights overrides the hooks of ``fedrcl.contract.exchange.ClientExchange``.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import lightning as L
 import torch
@@ -17,13 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from fedrcl.federated.context import ClientContext
-from fedrcl.federated.exchange import ClientExchange
-from fedrcl.federated.strategy import sum_over_processes
+from fedrcl.contract.context import ClientContext
+from fedrcl.contract.exchange import ClientExchange
+from fedrcl.contract.processes import sum_over_processes
+from fedrcl.contract.protocols import ClientStack
 from fedrcl.models.output import ModelOutput
-
-if TYPE_CHECKING:
-    from fedrcl.federated.batched import StackedClients
 
 Backbone = Callable[[int, int, int], nn.Module]
 
@@ -76,7 +74,7 @@ class FedAvg(ClientExchange, L.LightningModule):
         self.acc_ema: Optional[float] = None
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.client: Optional[ClientContext] = None
-        self.stack: Optional[StackedClients] = None  # the round's clients while they train batched (``StackedClients``)
+        self.stack: Optional[ClientStack] = None  # the round's clients while they train batched (``StackedClients``)
 
     def __setattr__(self, name: str, value: Any) -> None:
         """An attribute already set to a plain value (not a tensor or module) is set directly: Lightning writes
@@ -176,6 +174,11 @@ class FedAvg(ClientExchange, L.LightningModule):
             for key, value in (("loss", loss), *((f"loss_{k}", v) for k, v in parts.items())):
                 sums[key] = sums[key] + value if key in sums else value + 0.0
         self._round_parts = tuple(key.removeprefix("loss_") for key in sums)[1:]  # "loss" is the first key
+
+    def round_losses(self) -> tuple[dict[str, Tensor], int]:
+        """This process's summed step losses of the round so far by name (``loss``, ``loss_<part>``), and its
+        client steps (a Flower node reports them with each client)."""
+        return dict(self._round_loss_sums), self._round_steps
 
     def on_train_epoch_end(self) -> None:
         # With several processes: the sums and step counts of all of them (a mean over all the round's steps).

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from fedrcl.algorithms.client_memory import PersistentClientState
 from fedrcl.data.datamodule import datamodule_of
-from fedrcl.federated.context import ClientContext
+from fedrcl.contract.context import ClientContext
 from fedrcl.losses.dynamic_regularizer import dual_update, dynamic_regularizer
 from fedrcl.models.output import ModelOutput
 from fedrcl.server.feddyn import FedDyn as FedDynServer

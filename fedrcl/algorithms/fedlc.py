@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.data.datamodule import datamodule_of
-from fedrcl.federated.context import ClientContext
+from fedrcl.contract.context import ClientContext
 from fedrcl.losses.logit_calibration import calibrated_cross_entropy
 from fedrcl.models.output import ModelOutput
 

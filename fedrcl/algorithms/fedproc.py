@@ -28,7 +28,7 @@ from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.data.datamodule import datamodule_of
-from fedrcl.federated.context import ClientContext
+from fedrcl.contract.context import ClientContext
 from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
 from fedrcl.models.output import ModelOutput
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
-from fedrcl.federated.context import ClientContext
+from fedrcl.contract.context import ClientContext
 from fedrcl.losses.proximal import squared_distance
 from fedrcl.models.output import ModelOutput
 

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from fedrcl.algorithms.client_memory import PersistentClientState
 from fedrcl.data.datamodule import datamodule_of
-from fedrcl.federated.context import ClientContext
+from fedrcl.contract.context import ClientContext
 from fedrcl.losses.control_variate import control_variate_delta, linear_term
 from fedrcl.models.output import ModelOutput
 from fedrcl.server.scaffold import SCAFFOLD as ScaffoldServer

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedrcl.data.datamodule import datamodule_of
-from fedrcl.federated.context import ClientContext
+from fedrcl.contract.context import ClientContext
 from fedrcl.federated.federation import RoundCallback
 
 __all__ = ["ClientEvaluation", "class_accuracy_counts", "label_mix_accuracy", "spread_summary"]

@@ -22,7 +22,7 @@ from torch.func import functional_call
 
 from fedrcl.analysis.metrics import _vci, class_covariances, deviation_bound, effective_rank
 from fedrcl.data.datamodule import datamodule_of
-from fedrcl.federated.context import ClientContext
+from fedrcl.contract.context import ClientContext
 from fedrcl.federated.federation import RoundCallback
 
 

@@ -16,7 +16,7 @@ from fedrcl.data.datasets import dataset_info, load_dataset
 from fedrcl.data.partition import dirichlet_partition, iid_partition, shard_partition
 from fedrcl.data.split_file import (SplitFile, authors_split_name, check_labels, check_split, label_fingerprint,
                                      read_split_file, write_split)
-from fedrcl.federated.plan import RoundPlan
+from fedrcl.contract.plan import RoundPlan
 
 Partition = Literal["dirichlet", "dirichlet_unbalanced", "shards", "iid"]
 

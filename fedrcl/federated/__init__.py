@@ -5,7 +5,7 @@ only needs the round's facts (algorithms, tools that read runs) does not load th
 """
 from typing import Any
 
-from fedrcl.federated.context import ClientContext
+from fedrcl.contract.context import ClientContext
 
 __all__ = ["ClientContext", "FederatedTrainer"]
 

@@ -10,23 +10,32 @@ One Lightning step is one local step of every client; batches come stacked from
 ``FederatedDataModule.stacked_client_batches`` (each client's from its own (seed, round, client) stream).
 
 Shared by all clients, unbatched: the round's frozen global teacher, the broadcast weights (FedProx, FedACG's
-client term), round facts. Per client, stacked: tensors an algorithm names in ``client_tensors`` (set by its
-``on_client_start``, e.g. FedLC's label counts). A round falls back to the sequential loop, with a one-line
-notice, when its clients differ in step count or batch size, when the algorithm keeps per-client models
+client term), the round's index and seed. Per client, mapped: inside ``client_loss`` each client's slice sees
+its own ``self.client`` (``client_id``, ``num_samples`` and ``num_steps`` as 0-dim integer tensors, usable in
+tensor arithmetic), and the tensors an algorithm names in ``client_tensors`` (set by its ``on_client_start``,
+e.g. FedLC's label counts), stacked. A round falls back to the sequential loop, with a one-line notice, when
+its clients differ in step count or batch size, when the algorithm keeps per-client models
 (``unbatchable_reason``, MOON) or when the backbone has buffers (BatchNorm statistics).
+
+What would silently differ from clients trained one after another is refused at the first batched round, in
+one line, before any step: an attribute that ``on_client_start`` sets differently per client without naming it
+in ``client_tensors`` (every client would see the last client's), a ``client_loss`` that stores something on
+the algorithm (a loss keeps no state: per-client results belong in ``on_client_end``), and a ``client_loss``
+that cannot run mapped (e.g. branching on a client fact).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, Optional, get_args
+from typing import TYPE_CHECKING, Any, Literal, Optional, cast, get_args
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from fedrcl.federated.plan import RoundPlan
+from fedrcl.contract.plan import RoundPlan
 from fedrcl.federated.round import ClientResult, ClientRun
 
 if TYPE_CHECKING:
@@ -35,6 +44,11 @@ if TYPE_CHECKING:
 Mode = Literal["auto", "on", "off"]
 # torch.compile backend of the batched step; tests set a cheap one ("aot_eager") to run it on the CPU.
 COMPILE_BACKEND = "inductor"
+# The client facts each mapped slice sees as its own (``ClientContext`` fields).
+CLIENT_FACTS = ("client_id", "num_samples", "num_steps")
+# Attributes of the algorithm that are per client by design: its client (mapped), the weights (stacked).
+PER_CLIENT = {"client", "_params", "stack", "backbone"}
+REMEDY = "name it in client_tensors (a tensor, stacked per client), set unbatchable_reason, or trainer.client_batching off"
 
 
 class _LocalLoss(nn.Module):
@@ -44,12 +58,15 @@ class _LocalLoss(nn.Module):
         super().__init__()
         self.algorithm = algorithm
 
-    def forward(self, client_tensors: dict[str, Tensor], x: Tensor, y: Tensor
+    def forward(self, client_tensors: dict[str, Tensor], facts: dict[str, Tensor], x: Tensor, y: Tensor
                 ) -> tuple[Tensor, dict[str, Tensor]]:
         algorithm = self.algorithm
-        # This client's tensors, and its slice of the weights for the server's client term, set for the call
-        # and put back before returning: no vmapped tensor outlives it (torch.compile needs that too).
-        bound = {**client_tensors, "_params": dict(algorithm.backbone.named_parameters())}
+        assert algorithm.client is not None, "the clients were started (StackedClients)"
+        # This client's tensors, its facts and its slice of the weights for the server's client term, set for
+        # the call and put back before returning: no vmapped tensor outlives it (torch.compile needs that too).
+        bound = {**client_tensors, "_params": dict(algorithm.backbone.named_parameters()),
+                 # the slice's own facts, 0-dim tensors where one client has ints (read in tensor arithmetic)
+                 "client": dataclasses.replace(algorithm.client, **cast(dict[str, Any], facts))}
         saved = {name: getattr(algorithm, name) for name in bound}
         for name, value in bound.items():
             setattr(algorithm, name, value)
@@ -80,6 +97,7 @@ class ClientBatching:
         self._losses: Optional[Callable[..., tuple[Tensor, dict[str, Tensor]]]] = None
         self._low: Optional[torch.dtype] = None
         self.compile_seconds: Optional[float] = None
+        self.checked = False  # the attributes on_client_start sets per client (``StackedClients``)
 
     def applies(self, pl_module: Any, plan: RoundPlan, datamodule: Any, device: torch.device) -> bool:
         """Whether the round of ``plan`` trains batched (a fallback is announced once per reason)."""
@@ -100,8 +118,10 @@ class ClientBatching:
         return False
 
     def losses(self, pl_module: fedrcl.algorithms.fedavg.FedAvg, params: dict[str, Tensor],
-               client_tensors: dict[str, Tensor], x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weight slices (``[k]``).
+               client_tensors: dict[str, Tensor], facts: dict[str, Tensor], x: Tensor, y: Tensor
+               ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weight slices, tensors and
+        facts (``[k]``).
 
         Under Lightning's mixed precision (``bf16-mixed``, ``16-mixed``) the weights and images enter the
         mapped call in the autocast dtype: autocast does not reach inside ``vmap`` (torch 2.14, CPU checked),
@@ -114,11 +134,11 @@ class ClientBatching:
             self._module, self._low = _LocalLoss(pl_module), low
             module = self._module
 
-            def one_client(p: dict[str, Tensor], c: dict[str, Tensor], xb: Tensor, yb: Tensor
-                           ) -> tuple[Tensor, dict[str, Tensor]]:
+            def one_client(p: dict[str, Tensor], c: dict[str, Tensor], f: dict[str, Tensor], xb: Tensor,
+                           yb: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
                 if low is not None:
                     p, xb = {name: w.to(low) for name, w in p.items()}, xb.to(low)
-                return functional_call(module, p, (c, xb, yb))
+                return functional_call(module, p, (c, f, xb, yb))
 
             self._losses = vmap(one_client, randomness="error")
             if self.compile:
@@ -130,7 +150,7 @@ class ClientBatching:
         first = self.compile and self.compile_seconds is None
         start = time.perf_counter()
         assert self._losses is not None  # built above
-        out = self._losses(prefixed, client_tensors, x, y)
+        out = self._losses(prefixed, client_tensors, facts, x, y)
         if first:  # the first call compiles (a one-off host sync to time it)
             if x.device.type == "cuda":
                 torch.cuda.synchronize(x.device)
@@ -164,48 +184,144 @@ def clip_grad_norm_(grads: list[Tensor], max_norm: float) -> None:
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
 
 
+def client_view(algorithm: Any, exclude: set[str]) -> dict[str, Any]:
+    """What ``algorithm`` holds now, by attribute, copied so that later in-place changes do not reach it (a
+    module as its state), except the names in ``exclude``."""
+    def copy(value: Any) -> Any:
+        if isinstance(value, Tensor):
+            return value.detach().clone()
+        if isinstance(value, nn.Module):
+            return {k: t.detach().clone() for k, t in value.state_dict().items()}
+        if isinstance(value, (list, tuple)):
+            return [copy(v) for v in value]
+        if isinstance(value, dict):
+            return {k: copy(v) for k, v in value.items()}
+        return value
+
+    return {name: copy(value) for name, value in vars(algorithm).items()
+            if name not in exclude and not name.startswith("__")}
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two copied values (``client_view``) are equal: tensors by shape, dtype and value."""
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return (isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and a.dtype == b.dtype
+                and bool(torch.equal(a, b)))
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    try:
+        return bool(a is b or a == b)
+    except Exception:  # a value without a truthy equality (an array): equal only as the same object
+        return False
+
+
+def per_client_attributes(views: list[dict[str, Any]]) -> list[str]:
+    """The attributes whose values differ between clients' views (``client_view`` after each client's start)."""
+    names: set[str] = set().union(*views)
+    return sorted(name for name in names
+                  if any(name not in v or name not in views[0] or not same(views[0][name], v[name])
+                         for v in views[1:]))
+
+
+def stored_attributes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The attributes a loss call set (``before`` / ``after``: the algorithm's ``vars``): new ones, and ones
+    bound to another value; a container handed on and reset to an equal one (FedMLB's maps) is not kept."""
+    def kept(name: str, value: Any) -> bool:
+        if name in PER_CLIENT:
+            return False
+        if name not in before:
+            return True
+        if before[name] is value:
+            return False
+        try:
+            return isinstance(value, Tensor) or not same(before[name], value)
+        except Exception:  # a mapped tensor that escaped the call cannot even be compared
+            return True
+
+    return sorted(name for name, value in after.items() if kept(name, value))
+
+
 class StackedClients:
     """One round's clients as one set of stacked weights, plugged into the algorithm's optimizer.
 
     Created at the round's first step: starts every client's run (``ClientRun.start``: the broadcast weights,
-    the extras, ``on_client_start``; the tensors the algorithm names in ``client_tensors`` are stacked),
-    stacks the broadcast weights and points the optimizer's parameter group at them (its state cleared: every
-    client's optimizer starts fresh), and hands itself to the algorithm (``algorithm.stack``). ``finish`` puts
-    the module's parameters back and, for each client in turn, loads its weights into the backbone and ends
-    its run, in client order as the sequential loop does.
+    the extras, ``on_client_start``; the tensors the algorithm names in ``client_tensors`` are stacked, and
+    each client's facts), refuses an attribute that ``on_client_start`` set per client without naming it
+    there, stacks the broadcast weights and points the optimizer's parameter group at them (its state
+    cleared: every client's optimizer starts fresh), and hands itself to the algorithm (``algorithm.stack``).
+    ``finish`` puts the module's parameters back and, for each client in turn, loads its weights into the
+    backbone and ends its run, in client order as the sequential loop does.
     """
 
     def __init__(self, trainer: Any, pl_module: Any, runs: list[ClientRun], batching: ClientBatching):
         self.pl_module, self.batching, self.runs = pl_module, batching, runs
-        per_client: dict[str, list[Tensor]] = {name: [] for name in getattr(pl_module, "client_tensors", ())}
+        names = tuple(getattr(pl_module, "client_tensors", ()))
+        per_client: dict[str, list[Tensor]] = {name: [] for name in names}
+        views = []  # checked in the run's first batched round: what is per client does not change later
         for run in runs:
             run.start()
             for name, values in per_client.items():
                 values.append(getattr(pl_module, name))
+            if not batching.checked:
+                views.append(client_view(pl_module, PER_CLIENT | set(names)))
+        batching.checked = True
+        differing = per_client_attributes(views) if views else []
+        if differing:
+            raise ValueError(
+                f"model {type(pl_module).__name__}: on_client_start sets {', '.join('self.' + n for n in differing)} "
+                f"differently per client, and batched clients would all see the last client's: {REMEDY} "
+                "(fedrcl.federated.batched)")
         self.client_tensors = {name: torch.stack(values) for name, values in per_client.items()}
         sent = runs[0].downlink.sent
+        device = next(iter(sent.values())).device
+        self.facts = {name: torch.tensor([getattr(run.client, name) for run in runs], device=device)
+                      for name in CLIENT_FACTS}
         self.params = {name: stack_clients(sent[name].detach(), len(runs)).requires_grad_()
                        for name, _ in pl_module.backbone.named_parameters()}
         (self.optimizer,) = trainer.optimizers
         (group,) = self.optimizer.param_groups
         self._module_params, group["params"] = group["params"], list(self.params.values())
         self.optimizer.state.clear()
+        self._checked = False
         pl_module.stack = self
 
     def __len__(self) -> int:
         return len(self.runs)
 
     def losses(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Per-client losses ``[K]`` and loss parts (each ``[K]``) of one stacked batch."""
-        return self.batching.losses(self.pl_module, self.params, self.client_tensors, x, y)
+        """Per-client losses ``[K]`` and loss parts (each ``[K]``) of one stacked batch; the round's first call
+        also refuses a loss that cannot run mapped or that stores something on the algorithm."""
+        if self._checked:
+            return self.batching.losses(self.pl_module, self.params, self.client_tensors, self.facts, x, y)
+        name = type(self.pl_module).__name__
+        before = dict(vars(self.pl_module))
+        try:
+            out = self.batching.losses(self.pl_module, self.params, self.client_tensors, self.facts, x, y)
+        except RuntimeError as error:
+            if "vmap" not in str(error):
+                raise
+            raise ValueError(
+                f"model {name}: client_loss cannot run batched ({str(error).splitlines()[0]}); batched clients "
+                "see self.client's client_id, num_samples and num_steps as 0-dim tensors: use them in tensor "
+                "arithmetic, or set unbatchable_reason, or trainer.client_batching off") from error
+        stored = stored_attributes(before, vars(self.pl_module))
+        if stored:
+            raise ValueError(
+                f"model {name}: client_loss stores {', '.join('self.' + k for k in stored)}; a loss keeps no "
+                "state (batched clients would leak mapped tensors into it): keep per-client results in "
+                "on_client_end, or set unbatchable_reason")
+        self._checked = True
+        return out
 
     def clip_grad_norm_(self, max_norm: float) -> None:
         clip_grad_norm_([p.grad for p in self.params.values() if p.grad is not None], max_norm)
 
     @torch.no_grad()
-    def finish(self, loss_sum: Optional[Tensor], fold: Callable[[ClientRun, ClientResult], None]) -> None:
+    def finish(self, fold: Callable[[ClientRun, ClientResult], None]) -> None:
         """Restore the optimizer; for each client in turn load its weights into the backbone, end its run
-        (``loss_sum``: the stack's summed losses, checked with each client) and ``fold`` it."""
+        (with the stack's summed losses, which the driver added to every run) and ``fold`` it."""
         self.optimizer.param_groups[0]["params"] = self._module_params
         self.optimizer.state.clear()
         self.pl_module.stack = None
@@ -213,4 +329,4 @@ class StackedClients:
         for i, run in enumerate(self.runs):
             for name, stacked in self.params.items():
                 module_params[name].copy_(stacked[i])
-            fold(run, run.end(loss_sum))
+            fold(run, run.end())

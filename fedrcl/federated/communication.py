@@ -3,7 +3,7 @@
 Bytes: every sampled client receives what the server broadcasts (``ServerRound.sent``: the global model,
 or FedACG's look-ahead ``w + lam M``) and uploads its whole local state dict; every floating and integer
 entry counts, at its dtype's size (``state_bytes``). What a method sends besides the weights (its exchange
-hooks, ``fedrcl.federated.exchange``: the server's ``extra_broadcast``, the algorithm's ``extra_download``
+hooks, ``fedrcl.contract.exchange``: the server's ``extra_broadcast``, the algorithm's ``extra_download``
 and ``extra_upload``) is counted with them: the round (``fedrcl.federated.round.ServerRound.add``) hands
 each client's down- and uploaded state dicts to ``RoundLedger.count_client``. State a client keeps for
 itself (MOON's previous local model, on the client's disk) is not sent and counts nothing.

@@ -1,10 +1,11 @@
 """The round loop, as a Lightning callback: one Lightning epoch is one federated round.
 
-Per round: sample clients (``sampling``), plan their steps (``plan``), and begin the server's half of the
-round (``fedrcl.federated.round.ServerRound``) from the global weights. Then, over the round's single batch
-stream: at a client's first step start its ``ClientRun`` (broadcast weights loaded into the one model object
-in place, ``on_client_start``); at each local epoch set the client lr; at its last step end it and add its
-result to the server round. After the round's last client the server round's ``finish`` gives the new global
+Per round: sample clients (``sampling``), plan their steps (``fedrcl.contract.plan``), begin the server's
+half of the round (``fedrcl.federated.round.ServerRound``) from the global weights and configure it: every
+client's facts and downlink are fixed at the round's start, as on every backend. Then, over the round's
+single batch stream: at a client's first step start its ``ClientRun`` (broadcast weights loaded into the one
+model object in place, ``on_client_start``); at each local epoch set the client lr; at its last step end it
+and add its result to the server round. After the round's last client the server round's ``finish`` gives the new global
 weights, written into the model before Lightning evaluates and checkpoints it. Between rounds the model *is*
 the global model, so Lightning's checkpoint of the module holds the global weights. A client with a
 non-finite summed loss or non-finite weights, or non-finite new global weights, stop the run before the
@@ -39,17 +40,17 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg as ClientAlgorithm
+from fedrcl.contract.context import ClientContext
+from fedrcl.contract.exchange import check_method
+from fedrcl.contract.plan import RoundPlan
+from fedrcl.contract.processes import process_sum
+from fedrcl.contract.weights import load_state_, snapshot
 from fedrcl.data.datamodule import datamodule_of
 from fedrcl.federated.batched import ClientBatching, StackedClients
 from fedrcl.federated.communication import RoundLedger
-from fedrcl.federated.context import ClientContext
-from fedrcl.federated.exchange import check_method
 from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
-from fedrcl.federated.plan import RoundPlan
 from fedrcl.federated.round import ClientResult, ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
-from fedrcl.federated.strategy import process_sum
-from fedrcl.federated.weights import load_state_, snapshot
 from fedrcl.server import FedAvg, ServerOptimizer
 from fedrcl.server.base import StatefulServer
 
@@ -58,6 +59,15 @@ def client_algorithm(pl_module: L.LightningModule) -> ClientAlgorithm:
     """``pl_module`` as the client algorithm it is (``Federation.setup`` refuses any other model)."""
     assert isinstance(pl_module, ClientAlgorithm)
     return pl_module
+
+
+def count_client_steps(trainer: L.Trainer, steps: int) -> None:
+    """Add ``steps`` to Lightning's optimizer-step count: a batched step is one step of each of K clients,
+    counted K times, so that ``global_step`` (in checkpoints and logs) means the clients' local steps on every
+    backend (``fedrcl fit``, batched, several processes, Flower)."""
+    progress = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
+    progress.ready += steps
+    progress.completed += steps
 
 
 class RoundCallback(L.Callback):
@@ -169,79 +179,67 @@ class Federation(L.Callback):
 
     # -- the round ----------------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The round begins and is configured: every client's downlink fixed before any trains."""
         self._log_ledger(trainer)
-        self.ledger.start_round(trainer.current_epoch)
         self._started = time.perf_counter()
         algorithm = client_algorithm(pl_module)
         self.round = ServerRound(self.server, algorithm, trainer.current_epoch, snapshot(algorithm.backbone),
                                  self.ledger, reduce=process_sum(trainer),
                                  vote=lambda failed: trainer.strategy.reduce_boolean_decision(failed, all=False))
+        plan = self.plan(trainer.current_epoch)
+        self._clients = [ClientRun(algorithm, client, down) for client, down in self.round.configure(plan)]
         self._runs: list[ClientRun] = []  # the clients training now (several when batched)
-        self._loss_sum: Optional[Tensor] = None
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
         slot = plan.locate(batch_idx)
         if slot.step == 0:
-            positions = range(len(plan.client_ids)) if plan.batched else (slot.position,)
-            self._runs = [self._client_run(pl_module, plan, position) for position in positions]
             if plan.batched:
+                self._runs = self._clients
                 StackedClients(trainer, pl_module, self._runs, self.batching)  # starts them
             else:
+                self._runs = [self._clients[slot.position]]
                 self._runs[0].start()
         if slot.first_step_of_epoch:
-            lr = self._runs[0].lr(slot.local_epoch)
-            for optimizer in trainer.optimizers:
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-
-    def _client_run(self, pl_module: L.LightningModule, plan: RoundPlan, position: int) -> ClientRun:
-        assert self.round is not None
-        client = self.round.context(plan.client_ids[position], plan.num_samples[position], plan.steps[position],
-                                    self.seed)
-        return ClientRun(client_algorithm(pl_module), client, self.round.downlink(client))
+            self._runs[0].set_lr(trainer.optimizers, slot.local_epoch)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
         slot = plan.locate(batch_idx)
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if isinstance(loss, torch.Tensor):  # summed on the device; checked once per client, below
-            loss = loss.detach()
-            self._loss_sum = loss if slot.step == 0 or self._loss_sum is None else self._loss_sum + loss
+        if isinstance(loss, torch.Tensor):  # summed on the device; checked once per client, at its end
+            for run in self._runs:  # batched: the stack's summed loss is checked with each of its clients
+                run.add_loss(loss)
+        if plan.batched:  # one step of every client: Lightning's global_step counts client steps everywhere
+            count_client_steps(trainer, len(self._runs) - 1)
         if not slot.last_step_of_client:
             return
         if plan.batched:  # every client of the stack ends at this step
             stack = client_algorithm(pl_module).stack
-            assert stack is not None  # set by StackedClients at the round's first step
-            stack.finish(self._loss_sum, lambda run, result: self._fold(trainer, pl_module, run, result))
+            assert isinstance(stack, StackedClients)  # set by StackedClients at the round's first step
+            stack.finish(lambda run, result: self._fold(trainer, pl_module, run, result))
         else:
-            self._fold(trainer, pl_module, self._runs[0], self._runs[0].end(self._loss_sum))
-        self._runs, self._loss_sum = [], None
+            self._fold(trainer, pl_module, self._runs[0], self._runs[0].end())
+        self._runs = []
         if batch_idx == plan.total_steps - 1:
-            self.ledger.trained()
-            with self.ledger.timed("aggregation"):
-                self._finish_round(trainer, pl_module)
+            self._finish_round(trainer, pl_module)
 
     def _fold(self, trainer: L.Trainer, pl_module: L.LightningModule, run: ClientRun, result: ClientResult) -> None:
         """A client has finished (its weights are in the backbone): the round callbacks' ``on_client_end``,
-        then the server round takes it (divergence check, bytes, upload, weighted sum). A batched round's
-        summed loss is checked with each of its clients."""
+        then the server round takes it (divergence check, bytes, upload, weighted sum)."""
         with self.ledger.timed("evaluation"):
             for callback in trainer.callbacks:  # type: ignore[attr-defined]
                 if isinstance(callback, RoundCallback):
                     callback.on_client_end(trainer, pl_module, run.client, result.weights)
         assert self.round is not None
-        self.round.add(run.client, result, run.downlink)
+        self.round.add(run.client.client_id, result)
 
     def _finish_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         assert self.round is not None
         algorithm = client_algorithm(pl_module)
         load_state_(algorithm.backbone, self.round.finish())
-        self.round = None
-        reduce = process_sum(trainer)
-        self.ledger.totals(None if reduce is None else lambda n: int(reduce(
-            torch.tensor(float(n), dtype=torch.float64, device=pl_module.device))))
+        self.round, self._clients = None, []
         pl_module.log("time/round_seconds", time.perf_counter() - self._started, on_step=False, on_epoch=True)
         pl_module.log("train/lr", algorithm.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True)
 

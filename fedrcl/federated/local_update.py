@@ -14,17 +14,16 @@ bitwise those of ``fedrcl fit`` on CPU (``tests/test_flower.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
 from torch import Tensor
 
-from fedrcl.federated.context import ClientContext
-from fedrcl.federated.exchange import check_method
-from fedrcl.federated.plan import RoundPlan
-from fedrcl.federated.round import ClientResult, ClientRun, Downlink
-from fedrcl.federated.weights import snapshot
+from fedrcl.contract.exchange import check_method
+from fedrcl.contract.plan import RoundPlan
+from fedrcl.federated.round import ClientResult, ClientRun, Downlink, client_context
+from fedrcl.contract.weights import snapshot
 
 if TYPE_CHECKING:
     import fedrcl.algorithms.fedavg
@@ -79,34 +78,27 @@ class LocalUpdate:
                          local_epochs=self.federation.local_epochs, seed=self.federation.seed)
         to_device = lambda tensors: {k: v.to(module.device) for k, v in tensors.items()}  # noqa: E731
         downlink = Downlink(to_device(downlink.sent), {k: to_device(v) for k, v in downlink.extras.items()})
-        client = ClientContext(round_idx=round_idx, client_id=client_id, num_samples=plan.num_samples[0],
-                               num_steps=plan.steps[0], seed=plan.seed, global_state=downlink.sent,
-                               server=self.federation.server)
-        run = ClientRun(module, client, downlink)
+        run = ClientRun(module, client_context(plan, 0, downlink.sent, self.federation.server), downlink)
         module.train()
         module.on_train_epoch_start()  # the round's loss sums
         run.start()
         optimizer = trainer.optimizers[0]
-        loss_sum: Optional[Tensor] = None
         with torch.enable_grad():
             for batch_idx, batch in enumerate(dm.client_batches(client_id, round_idx, plan.local_epochs, plan.seed)):
                 slot = plan.locate(batch_idx)
                 if slot.first_step_of_epoch:
-                    for group in optimizer.param_groups:
-                        group["lr"] = run.lr(slot.local_epoch)
-                losses: list[Tensor] = []
+                    run.set_lr([optimizer], slot.local_epoch)
 
                 def closure() -> Tensor:
                     loss = trainer.strategy.training_step(batch, batch_idx)
                     assert isinstance(loss, Tensor)  # FedAvg.training_step returns the loss
                     optimizer.zero_grad()
                     trainer.strategy.backward(loss, optimizer)
-                    losses.append(loss.detach())
+                    run.add_loss(loss)
                     return loss
 
                 trainer.strategy.optimizer_step(optimizer, closure)
-                loss_sum = losses[-1] if loss_sum is None else loss_sum + losses[-1]
-        result = run.end(loss_sum)
-        sums = {k: float(v) for k, v in module._round_loss_sums.items()}
+        result = run.end()
+        sums, steps = module.round_losses()
         return ClientReport(snapshot(module.backbone), {k: v.detach().clone() for k, v in result.upload.items()},
-                            result.failure, sums, module._round_steps)
+                            result.failure, {k: float(v) for k, v in sums.items()}, steps)

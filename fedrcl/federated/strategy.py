@@ -6,7 +6,7 @@ synchronisation. ``FederatedStrategy`` is Lightning's ``DDPStrategy`` without th
 ``DistributedDataParallel`` wrapper: each process trains its share of the round's clients
 (``Federation.plan``: ``sampled[rank::world_size]``, so processes may run different step counts), and the
 processes meet only at the round's end, in the aggregation's all-reduce (``WeightedSum.mean``), the
-train-loss reduction (``sum_over_processes``), evaluation (torchmetrics) and checkpointing.
+train-loss reduction (``fedrcl.contract.processes``), evaluation (torchmetrics) and checkpointing.
 
 Lightning's plain DDP would average the gradients of *different clients* at every step (and hang when
 they run different step counts), so a ``FederatedTrainer`` never runs it: inside its constructor
@@ -17,7 +17,7 @@ multi-process strategy is an error (``check_federated_strategy``).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, Optional
 
@@ -25,7 +25,6 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, ParallelStrategy, Strategy, StrategyRegistry
-from torch import Tensor
 
 # Lightning's DDP names (start method of each) and this strategy's own names for the same launches.
 _LIGHTNING_DDP = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork", "ddp_notebook": "fork"}
@@ -117,38 +116,3 @@ def check_federated_strategy(strategy: Strategy) -> None:
             f"trainer.strategy {type(strategy).__name__} would synchronise the gradients of different "
             "clients at every step; use trainer.strategy ddp (or federated, ddp_spawn, federated_spawn), "
             "which fedrcl runs as fedrcl.federated.strategy.FederatedStrategy")
-
-
-def all_reduce_sum(tensor: Tensor) -> Tensor:
-    """``tensor`` summed over all processes, in place, in one all-reduce (Lightning's ``reduce`` adds a
-    barrier before it)."""
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
-
-
-def process_sum(trainer: L.Trainer) -> Optional[Callable[[Tensor], Tensor]]:
-    """``all_reduce_sum`` with several processes, ``None`` (nothing to reduce) with one."""
-    return all_reduce_sum if trainer.world_size > 1 else None
-
-
-def sum_over_processes(trainer: L.Trainer, values: Mapping[str, Tensor], count: float
-                       ) -> tuple[dict[str, Tensor], float]:
-    """Named scalars and a count, each summed over all processes, in one all-reduce (float64, keys sorted
-    so that every process packs them in the same order). Unchanged on one process."""
-    if trainer.world_size == 1:
-        return dict(values), count
-    keys = sorted(values)
-    device = trainer.strategy.root_device
-    packed = torch.stack([*(values[k].detach().to(device, torch.float64) for k in keys),
-                          torch.tensor(float(count), dtype=torch.float64, device=device)])
-    all_reduce_sum(packed)
-    return {k: packed[i] for i, k in enumerate(keys)}, packed[-1].item()
-
-
-def gather_objects(trainer: L.Trainer, obj: Any) -> list[Any]:
-    """Every process's ``obj`` (picklable), in rank order; ``[obj]`` on one process."""
-    if trainer.world_size == 1:
-        return [obj]
-    gathered: list[Any] = [None] * trainer.world_size
-    dist.all_gather_object(gathered, obj)
-    return gathered

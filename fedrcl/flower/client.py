@@ -46,7 +46,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.common.logger import update_console_handler
 
-from fedrcl.federated.client_state import ClientStateStore
+from fedrcl.algorithms.client_state import ClientStateStore
 from fedrcl.federated.local_update import LocalUpdate
 from fedrcl.federated.round import Downlink
 from fedrcl.flower import node

@@ -36,9 +36,9 @@ from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint, resume
 from fedrcl.analysis.layout import ScalarLayout
 from fedrcl.federated.preemption import Preemption
 from fedrcl.federated.progress import RoundLines, RoundLog, RunClock, round_line
-from fedrcl.federated.exchange import check_method
+from fedrcl.contract.exchange import check_method
 from fedrcl.federated.federation import Federation
-from fedrcl.federated.weights import load_state_
+from fedrcl.contract.weights import load_state_
 from fedrcl.federated.local_update import attach
 from fedrcl.flower.config import Args, as_args, build, run_args
 from fedrcl.flower.nodes import ClientFailure
@@ -157,8 +157,11 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     for callback in trainer.callbacks:
         if isinstance(callback, ScalarLayout):
             callback.on_fit_start(trainer, module)  # TensorBoard's layout, val/acc first
-    strategy = FedrclStrategy(federation.server, [dm.client_num_samples(k) for k in range(dm.num_clients)],
-                              federation.clients_per_round, federation.seed, first_round=first_round,
+    clients = range(dm.num_clients)
+    strategy = FedrclStrategy(federation.server, [dm.client_num_samples(k) for k in clients],
+                              federation.clients_per_round, federation.seed,
+                              steps_per_epoch=[dm.client_steps_per_epoch(k) for k in clients],
+                              local_epochs=federation.local_epochs, first_round=first_round,
                               node_wait=node_wait, algorithm=module, run_args=args, ledger=federation.ledger,
                               restart_wait=restart_wait)
     strategy.steps = steps

@@ -4,7 +4,8 @@ Per round (``server_round`` 1-based, fedrcl's ``round_idx`` = ``first_round + se
 
 - ``configure_train``: the clients of ``fedrcl.federated.sampling.sample_clients`` (seeded by (seed, round),
   never Python's global ``random``), the round's ``fedrcl.federated.round.ServerRound`` begun from the
-  global weights, and one ``train`` message per node with sampled clients (``fedrcl.flower.client``), to the
+  global weights and configured (every client's facts, its steps included, and its downlink, fixed before
+  any upload is folded in, as in ``fedrcl fit``), and one ``train`` message per node with sampled clients (``fedrcl.flower.client``), to the
   node serving their partition now (``fedrcl.flower.nodes.Fleet``: nodes are asked with a ``query`` message
   which partition they serve), carrying the broadcast weights once and each client's extras;
 - the messages go out and come back through ``Fleet.exchange`` (``start`` hands Flower's loop a
@@ -12,7 +13,8 @@ Per round (``server_round`` 1-based, fedrcl's ``round_idx`` = ``first_round + se
   round's timeout, or a node not back in time stops the round naming the clients (a round never averages
   fewer clients);
 - ``aggregate_train``: the replies put back in the sampled order (never arrival order); each client's result
-  (weights, ``fedrcl.<client>.upload``: its ``extra_upload``, a failure) is added to the server round, whose
+  (weights, ``fedrcl.<client>.upload``: its ``extra_upload``, a failure; a reply whose step count is not the
+  planned one stops the round) is added to the server round, whose
   ``finish`` gives the new global weights exactly as in ``fedrcl fit`` (divergence check, ``receive_upload``
   in the sampled order, server step, ``end_server_round``).
 
@@ -35,11 +37,11 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedrcl.federated.client_state import ClientStateStore
+from fedrcl.algorithms.client_state import ClientStateStore
 from fedrcl.federated.communication import RoundLedger
-from fedrcl.federated.context import ClientContext
-from fedrcl.federated.exchange import ClientExchange
-from fedrcl.federated.round import ClientResult, Downlink, ServerRound
+from fedrcl.contract.exchange import ClientExchange
+from fedrcl.contract.plan import RoundPlan
+from fedrcl.federated.round import ClientResult, ServerRound
 from fedrcl.federated.sampling import sample_clients
 from fedrcl.flower.nodes import ClientFailure, Fleet, FleetGrid
 from fedrcl.server import ServerOptimizer
@@ -54,6 +56,8 @@ class FedrclStrategy(Strategy):
         server: the fedrcl server optimizer (``fedrcl.server``: FedAvg, FedAvgM, FedAdam, FedYogi,
             FedAdagrad, FedACG).
         num_samples: each client's training-set size (aggregation weights), in client order.
+        steps_per_epoch: each client's local steps per local epoch, in client order.
+        local_epochs: local epochs each client trains per round.
         clients_per_round: clients sampled per round.
         seed: the federation's seed (``trainer.seed``).
         first_round: fedrcl round index of Flower's round 1 (a resumed run's next round).
@@ -66,9 +70,11 @@ class FedrclStrategy(Strategy):
     """
 
     def __init__(self, server: ServerOptimizer, num_samples: Sequence[int], clients_per_round: int, seed: int,
-                 first_round: int = 0, node_wait: float = 600.0, algorithm: Any = None,
-                 run_args: Sequence[str] = (), ledger: Optional[RoundLedger] = None, restart_wait: float = 300.0):
+                 *, steps_per_epoch: Sequence[int], local_epochs: int, first_round: int = 0,
+                 node_wait: float = 600.0, algorithm: Any = None, run_args: Sequence[str] = (),
+                 ledger: Optional[RoundLedger] = None, restart_wait: float = 300.0):
         self.server, self.num_samples = server, list(num_samples)
+        self.steps_per_epoch, self.local_epochs = list(steps_per_epoch), local_epochs
         self.clients_per_round, self.seed, self.first_round = clients_per_round, seed, first_round
         self.node_wait = node_wait
         self.algorithm = algorithm if algorithm is not None else ClientExchange()  # FedAvg's: sends nothing more
@@ -81,7 +87,6 @@ class FedrclStrategy(Strategy):
         self.steps = 0  # local steps of every client so far (Lightning's global_step in fedrcl fit)
         self.round: Optional[ServerRound] = None  # the round in progress
         self.clients: list[int] = []  # its clients, in the sampled order
-        self._down: dict[int, tuple[ClientContext, Downlink]] = {}  # client -> its facts and what it received
         store = getattr(algorithm, "store", None)
         self.store = store if isinstance(store, ClientStateStore) else None  # the client-state manifest
         self.kept: dict[int, str] = {}  # client -> its file in the newest checkpoint's manifest
@@ -111,21 +116,23 @@ class FedrclStrategy(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         round_idx = self.round_idx(server_round)
-        self.ledger.start_round(round_idx)
         self.round = ServerRound(self.server, self.algorithm, round_idx, arrays.to_torch_state_dict(), self.ledger)
         self.clients = sample_clients(len(self.num_samples), self.clients_per_round, self.seed, round_idx)
+        plan = RoundPlan(round_idx=round_idx, client_ids=tuple(self.clients),
+                         num_samples=tuple(self.num_samples[k] for k in self.clients),
+                         steps_per_epoch=tuple(self.steps_per_epoch[k] for k in self.clients),
+                         local_epochs=self.local_epochs, seed=self.seed)
+        self.round.configure(plan)
         self.payload = {"down": 0, "up": 0}
         by_node: dict[int, list[int]] = {}
         for client in self.clients:  # each node's clients, in the sampled order
-            context = self.round.context(client, self.num_samples[client], 0, self.seed)  # steps: the node's
-            self._down[client] = context, self.round.downlink(context)
             by_node.setdefault(self.fleet.node_of(client), []).append(client)
         messages = []
 
         for node, clients in by_node.items():
             records = {"fedrcl.sent": ArrayRecord.from_torch_state_dict(dict(self.round.sent))}  # once per node
             for client in clients:
-                for name, tensors in self._down[client][1].extras.items():
+                for name, tensors in self.round.clients[client][1].extras.items():
                     records[f"fedrcl.{client}.{name}"] = ArrayRecord.from_torch_state_dict(dict(tensors))
             self.payload["down"] += sum(record.count_bytes() for record in records.values())
             task: dict[str, Any] = {"round_idx": round_idx, "clients": clients}
@@ -149,7 +156,6 @@ class FedrclStrategy(Strategy):
         if missing:
             raise ClientFailure(f"round {round_idx + 1}: no result for clients {missing}. The round is not aggregated.")
         assert self.round is not None
-        self.ledger.trained()
         sums: dict[str, float] = {}
         steps = 0
         for client in self.clients:  # the sampled order
@@ -160,19 +166,21 @@ class FedrclStrategy(Strategy):
             status = configs[prefix + "status"]
             if self.store is not None and status["state_file"]:
                 self.store.adopt({client: str(status["state_file"])})
-            context, downlink = self._down[client]
+            metrics = content.metric_records[prefix + "train"]
+            client_steps = int(metrics["steps"])  # type: ignore[arg-type]  # a MetricRecord value: a number here
+            planned = self.round.clients[client][0].num_steps
+            if client_steps != planned:
+                raise ClientFailure(f"round {round_idx + 1}: client {client} trained {client_steps} steps, the "
+                                    f"server planned {planned}: the node runs other data or settings")
             result = ClientResult(record.to_torch_state_dict(), uploaded.to_torch_state_dict(),
                                   str(status["failure"]) or None)
-            self.round.add(context, result, downlink)
-            metrics = content.metric_records[prefix + "train"]
-            steps += int(metrics["steps"])  # type: ignore[arg-type]  # a MetricRecord value: a number here
+            self.round.add(client, result)
+            steps += client_steps
             for key, value in metrics.items():
                 if key != "steps":
                     sums[key] = sums.get(key, 0.0) + float(value)  # type: ignore[arg-type]
-        with self.ledger.timed("aggregation"):
-            new_global = self.round.finish()
+        new_global = self.round.finish()
         self.round = None
-        self.ledger.totals()
         self.steps += steps
         self.train_metrics = {f"train/{k}": v / steps for k, v in sums.items()}
         return ArrayRecord.from_torch_state_dict(new_global), MetricRecord(dict(self.train_metrics))

@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from fedrcl.federated.exchange import ServerExchange
+from fedrcl.contract.exchange import ServerExchange
 
 State = dict[str, Tensor]
 
@@ -46,7 +46,7 @@ def check_positive(name: str, value: float) -> None:
 
 class ServerOptimizer(ServerExchange):
     """Base class: broadcast the global model unchanged; no client term; no server memory; nothing sent
-    besides the weights (``fedrcl.federated.exchange``: ``extra_broadcast`` / ``load_broadcast``)."""
+    besides the weights (``fedrcl.contract.exchange``: ``extra_broadcast`` / ``load_broadcast``)."""
 
     def broadcast(self, global_state: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
         """Weights the round's clients start from (not modified by the caller)."""

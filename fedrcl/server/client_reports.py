@@ -6,7 +6,7 @@ Sums are float64 with integer sample-count weights, so (as in ``fedrcl.federated
 depend on the order in which clients finish or on how they are split over processes. With several
 processes, ``total`` sums each process's part in one all-reduce per tensor; every process calls it at the
 same point of the round (the server step), after the round's aggregation. The round hands each client's
-upload to the server's copy of the client algorithm (``receive_upload``, ``fedrcl.federated.exchange``),
+upload to the server's copy of the client algorithm (``receive_upload``, ``fedrcl.contract.exchange``),
 which reports it to its server half (``client.server``), in one process and on Flower alike.
 """
 from __future__ import annotations

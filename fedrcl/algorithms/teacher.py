@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from fedrcl.federated.weights import load_state_
+from fedrcl.contract.weights import load_state_
 from fedrcl.models.output import ModelOutput
 
 

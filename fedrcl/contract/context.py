@@ -3,12 +3,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from fedrcl.server.base import ServerOptimizer
+
+class ClientServer(Protocol):
+    """What a client uses of its copy of the server optimizer (``fedrcl.server.ServerOptimizer`` is one)."""
+
+    def client_regularizer(self, params: Mapping[str, Tensor], sent: Mapping[str, Tensor]) -> Optional[Tensor]:
+        """A term added to every client's loss (FedACG's), or ``None``."""
+
+    def load_broadcast(self, client: ClientContext, extra: Mapping[str, Tensor]) -> None:
+        """Install, in the client's copy, what the server's ``extra_broadcast`` sent (SCAFFOLD's ``c``)."""
 
 
 @dataclass(frozen=True)
@@ -33,4 +40,4 @@ class ClientContext:
     num_steps: int
     seed: int
     global_state: Mapping[str, Tensor]
-    server: Optional[ServerOptimizer] = None
+    server: Optional[ClientServer] = None

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Optional
 
 from torch import Tensor
 
-from fedrcl.federated.context import ClientContext
+from fedrcl.contract.context import ClientContext
 
 Tensors = Mapping[str, Tensor]
 Reduce = Optional[Callable[[Tensor], Tensor]]
@@ -97,7 +97,7 @@ def exchange_errors(obj: Any, base: type, role: str) -> list[str]:
     """What is wrong with ``obj``'s exchange hooks (``role``: how the error names it)."""
     name = type(obj).__name__
     errors = [f"{role} {name} defines {sender} but not {end}: what it sends would not be received "
-              f"(fedrcl.federated.exchange)"
+              f"(fedrcl.contract.exchange)"
               for sender, end in PAIRS[base].items() if overrides(obj, base, sender) and not overrides(obj, base, end)]
     for own in sorted(own_names(obj, base) - set(HOOKS)):
         close = difflib.get_close_matches(own, HOOKS, n=1, cutoff=0.8)

@@ -1,0 +1,54 @@
+"""One semantics on every backend: methods the shipped ones do not resemble (``semantics_methods``) give the
+same weights with clients one after another and batched, or are refused, in one line, before any step.
+
+Flower's simulation runs the agreeing ones too (``test_flower.py``'s ``METHODS``: bitwise to ``fedrcl fit``).
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import assert_same_state, run_cli
+from test_batched import assert_equal_runs, fit
+
+AGREEING = ["RunningPrior", "StepsWeightedPrior", "ClientFactsLoss"]
+REFUSED = {  # method: what the refusal names
+    "PerClientScale": "on_client_start sets self.scale differently per client",
+    "KeepsLoss": "client_loss stores self.last_loss",
+    "BranchesOnClient": "client_loss cannot run batched",
+}
+
+
+@pytest.mark.parametrize("name", AGREEING)
+def test_batched_clients_give_the_sequential_weights(data_root, tmp_path, name):
+    model = f"semantics_methods.{name}"
+    seq = fit(data_root, tmp_path / "seq", "off", model)
+    assert_equal_runs(seq, fit(data_root, tmp_path / "bat", "on", model))
+
+
+def test_what_clients_receive_is_fixed_before_any_upload(data_root, tmp_path):
+    """``RunningPrior`` changes its prior in place in ``receive_upload``: each client of a round still trains
+    from the prior of the round's start (the second client's downlink is not the first one's upload)."""
+    cli = run_cli(data_root, tmp_path, rounds=1, model="semantics_methods.RunningPrior")
+    round_ = cli.trainer.federation  # the round is over; replay its configure phase on a fresh round
+    from fedrcl.contract import RoundPlan
+    from fedrcl.federated.round import ServerRound
+
+    server_round = ServerRound(round_.server, cli.model, 1, cli.model.backbone.state_dict())
+    plan = RoundPlan(round_idx=1, client_ids=(0, 1), num_samples=(10, 10), steps_per_epoch=(1, 1), local_epochs=1)
+    (_, first), (_, second) = server_round.configure(plan)
+    before = cli.model.prior.clone()
+    from fedrcl.federated.round import ClientResult
+    bias = {"bias": list(cli.model.backbone.parameters())[-1].detach() + 1.0}
+    server_round.add(0, ClientResult(dict(cli.model.backbone.state_dict()), bias, None))
+    assert not cli.model.prior.equal(before)  # the server's state changed in place ...
+    assert_same_state(second.extras["download"], {"prior": before})  # ... what client 1 receives did not
+    assert_same_state(first.extras["download"], second.extras["download"])
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_what_batched_clients_cannot_share_is_refused_before_any_step(data_root, tmp_path, name):
+    with pytest.raises(ValueError, match=REFUSED[name]) as refused:
+        fit(data_root, tmp_path, "on", f"semantics_methods.{name}")
+    assert "\n" not in str(refused.value)
+    assert not list(tmp_path.rglob("*.ckpt"))
+    fit(data_root, tmp_path / "seq", "off", f"semantics_methods.{name}")  # sequential runs it as written
