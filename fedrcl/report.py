@@ -6,144 +6,74 @@
     fedrcl report runs --rounds 100 300 500 # seeds and paired differences at these rounds
 
 The report starts with your runs (a table: setting, rounds, last EMA; a run that logged fewer rounds than
-its ``trainer.rounds`` is marked as not finished), then the seed groups and the methods paired by seed
-(below), then what was left out and why (a version folder without ``config.yaml`` or without logs, a repeat
-of a run with the same seeds), then the cells of the paper's tables that your runs fill (all the tables with
-``--paper``).
+its ``trainer.rounds`` is marked as not finished, one whose logs could not be read whole says so), then the
+seed groups and the methods paired by seed (below), then what was left out and why (a version folder without
+``config.yaml`` or without logs, a log file cut short or corrupt, a repeat of a run with the same seeds), then
+the cells of the paper's tables that your runs fill (all the tables with ``--paper``).
 
-A run is a run folder (``<save_dir>/<name>``) anywhere under ``RUNS_DIR`` whose ``version_k`` folders hold
-the ``config.yaml`` LightningCLI saved and the curves of Lightning's TensorBoardLogger (event files) or
-CSVLogger (``metrics.csv``). What it ran is read from the ``config.yaml`` (data set, partition with alpha or
-shards per client, clients, local epochs, method and server class, backbone, FedRCL's beta and levels),
-never from its name: a method config applied on top of a base config keeps the base's run name. Versions of
-one run folder with the same setting are one run (a resume continues in a new version; a later version's
-point replaces an earlier one at the same round); versions with another setting are separate runs.
+Which runs there are, what each trained and its curves is the run catalogue's
+(``fedrcl.analysis.catalogue``: run folders at any depth under ``RUNS_DIR``, versions of one folder merged
+only when they continue each other, a run's setting read from its ``config.yaml``, never from its name, its
+backend from what it logged). Runs of several backends (``fedrcl fit`` and Flower) are never grouped or
+paired with each other: the report then adds a Backend column and says so.
 
 The paper's numbers live in ``fedrcl/paper_results.json``: per table its fixed setting, its blocks (e.g. data
 sets), columns (e.g. alpha; a block may list its own) and rows (methods), each with the setting keys (those
-of ``run_setting``) a run must match, and the values at the table's rounds, with an optional note. A run
-fills a cell when its setting matches the table's, the block's, the column's and the row's; one run can
-fill cells of several tables. Our value is the ``val/acc_ema`` curve (the accuracy EMA the paper reports)
-at the round, or at the last round logged, marked ``*``, when the run stopped earlier; where the run has
-siblings under other seeds (below), the cell shows their mean ± sample std and n.
+of ``fedrcl.analysis.settings.run_setting``) a run must match, and the values at the table's rounds, with an
+optional note. A run fills a cell when its setting matches the table's, the block's, the column's and the
+row's; one run can fill cells of several tables. Our value is the ``val/acc_ema`` curve (the accuracy EMA the
+paper reports) at the round, or at the last round logged, marked ``*``, when the run stopped earlier; where the
+run has siblings under other seeds (below), the cell shows their mean ± sample std and n.
 
-Seeds: runs whose saved configs are equal except for the seeds (``seed_everything``, ``trainer.seed``,
-``data.seed``) and for keys that do not change what is trained (``EXPERIMENT_IGNORES``: where and how it is
-logged, callbacks, checkpoint frequency, the data folder, the round budget, devices, batched or compiled
-clients, evaluation batch size; and the trainer arguments the round loop owns at their only allowed value,
-``ROUND_LOOP_VALUES``, which older fedrcl wrote into ``config.yaml``) are one experiment under several seeds,
-as ``fedrcl seeds`` makes them. The "Seeds" section gives, per experiment and per tag (``--tags``, default
-``val/acc_ema val/acc``), the mean ± sample std over its runs, n and the 95% Student-t interval, at the last
-round all its runs logged (``fedrcl.analysis.seed_stats``), and with ``--rounds`` also at each of those
-rounds, over the runs that logged it. Versions of one run folder with other seeds are separate runs.
+Seeds (``fedrcl.analysis.grouping``): runs whose saved configs are equal except for the seeds and for keys
+that do not change what is trained (``fedrcl.analysis.settings.EXPERIMENT_IGNORES``, ``ROUND_LOOP_VALUES``)
+are one experiment under several seeds, as ``fedrcl seeds`` makes them. The "Seeds" section gives, per
+experiment and per tag (``--tags``, default ``val/acc_ema val/acc``), the mean ± sample std over its runs, n
+and the 95% Student-t interval, at the last round all its runs logged (``fedrcl.analysis.seed_stats``), and
+with ``--rounds`` also at each of those rounds, over the runs that logged it.
 
-Paired by seed: seed groups that differ only in the method (``method_key``: the same data, split, clients,
-rounds schedule and network) are compared, each against its family's FedAvg group (the paper's baseline),
-else the first group, run by run under the same seeds (the same split, client sampling and batches;
-``comparisons``, ``pair_by_seed``). Per run, raw / EMA test accuracy at the rounds (``--rounds``; default the
+Paired by seed: seed groups that differ only in the method are compared, each against its family's FedAvg
+group (the paper's baseline), else the first group, run by run under the same seeds (``comparisons``,
+``pair_by_seed``). Per run, raw / EMA test accuracy at the rounds (``--rounds``; default the
 last round all paired runs logged); per seed the challenger minus the reference, and over seeds its mean ±
 std, 95% interval and n (``fedrcl.analysis.seed_stats.paired_differences``); per seed the round from which
 the challenger's EMA stays above the reference's (``fedrcl.analysis.crossing``, curves cut at the last of
 those rounds).
 
 Reading runs needs neither Lightning nor torch (``fedrcl report`` starts in well under a second of imports).
+``--out`` is checked before anything is read: a folder it cannot be written in is one line naming it.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import numpy as np
-import yaml
-
-from fedrcl.analysis.compare import Crossing, crossing
-from fedrcl.analysis.runs import Curve, has_logs, load_scalars
+from fedrcl.analysis.catalogue import EMA_TAG, RunResult, collect_runs, unread_versions
+from fedrcl.analysis.output import out_file_problem, write_text
+from fedrcl.analysis.runs import Curve
+from fedrcl.analysis.grouping import (
+    comparison_rounds,
+    comparisons,
+    differences,
+    group_seeds,
+    pair_by_seed,
+    paired_crossings,
+    seed_groups,
+    seed_order,
+)
 from fedrcl.analysis.seed_stats import align, paired_differences, summarize_seeds, value_at
+from fedrcl.analysis.settings import SEED_KEYS
 from fedrcl.errors import command_error
 
-__all__ = ["RunResult", "load_paper_results", "run_setting", "collect_runs", "unread_versions", "experiment_key",
-           "seed_groups", "method_key", "comparisons", "pair_by_seed", "comparison_rounds", "paired_crossings",
-           "render_seed_table", "render_paired", "render_report", "main"]
+__all__ = ["load_paper_results", "render_seed_table", "render_paired", "render_report", "main"]
 
-EMA_TAG = "val/acc_ema"
-SEED_KEYS = ("seed_everything", "trainer.seed", "data.seed")
-# Keys that say where and how a run executes, is logged, checkpointed or stopped, not what it trains: the
-# resume fingerprint's ignored keys (``fedrcl.federated.fingerprint.IGNORED``, written out here because that
-# module loads Lightning; a test keeps the two lists in step), and the trainer's execution switches (batched
-# or compiled clients, devices, processes, evaluation cadence; they change rounding at most).
-EXPERIMENT_IGNORES = (
-    "data.root", "data.download", "data.eval_batch_size", "data.channels_last", "model.init_args.state_dir",
-    "model.init_args.max_states_in_memory", "trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar",
-    "trainer.enable_model_summary",
-    "trainer.enable_checkpointing", "trainer.default_root_dir", "trainer.checkpoint_every",
-    "trainer.log_every_n_steps", "trainer.eval_every", "trainer.rounds", "trainer.resume_allow_changes",
-    "trainer.client_batching", "trainer.compile_clients", "trainer.accelerator", "trainer.strategy",
-    "trainer.devices", "trainer.num_nodes", "torch_threads", "weights_only", "ckpt_path", "config")
-# The trainer arguments fedrcl's round loop owns, each with the only value it allows
-# (``fedrcl.federated.trainer.OWNED_BY_ROUNDS``, written out here because that module loads Lightning; a test
-# keeps the two in step). Older fedrcl wrote them into config.yaml, newer leaves them out: at that value they
-# say nothing about what was trained.
-ROUND_LOOP_VALUES = {"max_epochs": None, "min_epochs": None, "max_steps": -1, "check_val_every_n_epoch": 1,
-                     "reload_dataloaders_every_n_epochs": 0, "num_sanity_val_steps": None,
-                     "gradient_clip_val": None, "gradient_clip_algorithm": None}
 DEFAULT_SEED_TAGS = ("val/acc_ema", "val/acc")
 PAIRED_TAGS = {"EMA": EMA_TAG, "raw": "val/acc"}
 """The accuracies the "Paired by seed" section compares, by the name it shows them under."""
-
-
-@dataclass
-class RunResult:
-    """One run: its folder, the version folders merged into it, its setting and its EMA curve in percent."""
-
-    path: Path
-    versions: tuple[str, ...]
-    setting: dict[str, Any]
-    rounds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    ema: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    config: dict[str, Any] = field(default_factory=dict)
-    curves: dict[str, Curve] = field(default_factory=dict)
-
-    @property
-    def seeds(self) -> dict[str, Any]:
-        """``{"seed_everything": ..., "trainer.seed": ..., "data.seed": ...}`` from the saved config."""
-        return {key: _lookup(self.config, key) for key in SEED_KEYS}
-
-    @property
-    def last_round(self) -> int:
-        """The last round with a ``val/acc_ema`` point (0 before any)."""
-        return int(self.rounds[-1]) if len(self.rounds) else 0
-
-    @property
-    def rounds_logged(self) -> int:
-        """The last round a ``train/`` or ``val/`` scalar was logged at (training logs every round, evaluation
-        maybe not; old runs logged ``comm/`` and ``time/`` one step late)."""
-        return max((int(rounds[-1]) for tag, (rounds, _) in self.curves.items()
-                    if tag.startswith(("train/", "val/")) and len(rounds)), default=0)
-
-    @property
-    def rounds_planned(self) -> Optional[int]:
-        """``trainer.rounds`` of the saved config (``None`` when it has none)."""
-        return _lookup(self.config, "trainer.rounds")
-
-    @property
-    def unfinished(self) -> bool:
-        """Whether the run logged fewer rounds than it was configured for (killed, stopped early, running)."""
-        return isinstance(self.rounds_planned, int) and self.rounds_logged < self.rounds_planned
-
-    def ema_at(self, round_idx: int) -> Optional[tuple[float, bool]]:
-        """``(EMA accuracy in %, reached)`` at ``round_idx`` (its last evaluation at or before it), or at
-        the last round logged with ``reached=False`` when the run stopped earlier; ``None`` before any."""
-        if not len(self.rounds):
-            return None
-        if self.last_round < round_idx:
-            return float(self.ema[-1]), False
-        return float(self.ema[np.searchsorted(self.rounds, round_idx, side="right") - 1]), True
 
 
 PAPER = 'Seo et al., "Relaxed Contrastive Learning for Federated Learning", CVPR 2024'
@@ -155,238 +85,6 @@ def load_paper_results(path: Optional[str | Path] = None) -> dict[str, Any]:
     if path is not None:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     return json.loads(resources.files("fedrcl").joinpath("paper_results.json").read_text(encoding="utf-8"))
-
-
-def _class_name(spec: Any) -> Optional[str]:
-    """``Foo`` from ``"a.b.Foo"`` or ``{"class_path": "a.b.Foo", ...}``; ``None`` from ``None``."""
-    if isinstance(spec, dict):
-        spec = spec.get("class_path")
-    return spec.rsplit(".", 1)[-1] if isinstance(spec, str) else None
-
-
-def _init_args(spec: Any) -> dict[str, Any]:
-    return (spec.get("init_args") or {}) if isinstance(spec, dict) else {}
-
-
-def run_setting(config: dict[str, Any]) -> dict[str, Any]:
-    """The facts of a run that the paper's tables are keyed by, from its saved LightningCLI config.
-
-    Keys: ``dataset``, ``partition``, ``alpha`` (``None`` unless a Dirichlet partition), ``shards_per_client``
-    (``None`` unless a ``shards`` partition), ``num_clients``, ``clients_per_round`` (also from
-    ``participation``), ``local_epochs``, ``batch_size``, ``local_iters_per_epoch``, ``server`` (class name;
-    ``FedAvg`` when none), ``method`` (the client algorithm's class name), ``beta`` and ``levels`` (the
-    method's, when it has them; ``levels`` a tuple, ``None`` for all levels), ``backbone`` (class name),
-    ``width`` (the backbone's, when it has one), ``partition_file``.
-    """
-    data = config.get("data") or {}
-    if "class_path" in data:
-        data = _init_args(data)
-    trainer, model = config.get("trainer") or {}, config.get("model") or {}
-    partition, num_clients = data.get("partition"), data.get("num_clients")
-    clients_per_round = trainer.get("clients_per_round")
-    if clients_per_round is None and trainer.get("participation") is not None and num_clients is not None:
-        clients_per_round = max(1, round(trainer["participation"] * num_clients))
-    method_args = _init_args(model)
-    backbone, levels = method_args.get("backbone"), method_args.get("levels")
-    return {
-        "dataset": data.get("dataset"),
-        "partition": partition,
-        "alpha": data.get("alpha") if str(partition).startswith("dirichlet") else None,
-        "shards_per_client": data.get("shards_per_client") if partition == "shards" else None,
-        "num_clients": num_clients,
-        "clients_per_round": clients_per_round,
-        "local_epochs": trainer.get("local_epochs"),
-        "batch_size": data.get("batch_size"),
-        "local_iters_per_epoch": data.get("local_iters_per_epoch"),
-        "server": _class_name(trainer.get("server")) or "FedAvg",
-        "method": _class_name(model),
-        "beta": method_args.get("beta"),
-        "levels": tuple(levels) if levels is not None else None,
-        "backbone": _class_name(backbone),
-        "width": _init_args(backbone).get("width"),
-        "partition_file": data.get("partition_file"),
-    }
-
-
-def _lookup(config: dict[str, Any], key: str) -> Any:
-    """The value at a dotted ``key`` (``trainer.seed``) of a nested config; ``None`` where it is absent."""
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
-    return node
-
-
-def experiment_key(config: dict[str, Any]) -> str:
-    """What a run trains, from its saved config: everything but the seeds and ``EXPERIMENT_IGNORES`` (each
-    dropped with what lies under it) and the ``trainer`` keys of ``ROUND_LOOP_VALUES`` at their value, as
-    canonical JSON."""
-    kept = copy.deepcopy(config)
-    for key in SEED_KEYS + EXPERIMENT_IGNORES:
-        *parents, leaf = key.split(".")
-        node: Any = kept
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    trainer = kept.get("trainer")
-    if isinstance(trainer, dict):
-        for key, value in ROUND_LOOP_VALUES.items():
-            if key in trainer and trainer[key] == value:
-                del trainer[key]
-    return json.dumps(kept, sort_keys=True, default=str)
-
-
-def method_key(config: dict[str, Any]) -> str:
-    """``experiment_key`` with everything under ``model`` set aside but its backbone: what runs of two methods
-    compared on equal terms share (data, split, clients, rounds schedule, network)."""
-    model = config.get("model")
-    return experiment_key({**config, "model": {"backbone": _init_args(model).get("backbone")}})
-
-
-def _version_number(path: Path) -> int:
-    suffix = path.name.removeprefix("version_")
-    return int(suffix) if suffix.isdigit() else -1
-
-
-def collect_runs(root: str | Path) -> list[RunResult]:
-    """Every run under ``root`` (see the module docstring), sorted by folder, then first version."""
-    root = Path(root)
-    if not root.is_dir():
-        raise ValueError(f"{root} is not a folder")
-    run_dirs = sorted({v.parent for v in root.rglob("version_*")
-                       if (v / "config.yaml").is_file() and has_logs(v)})
-    runs = []
-    for run_dir in run_dirs:
-        groups: dict[tuple, list[Path]] = {}
-        settings: dict[tuple, dict[str, Any]] = {}
-        configs: dict[tuple, dict[str, Any]] = {}
-        for version in sorted(run_dir.glob("version_*"), key=_version_number):
-            if not (version / "config.yaml").is_file() or not has_logs(version):  # see unread_versions
-                continue
-            config = yaml.safe_load((version / "config.yaml").read_text()) or {}
-            setting = run_setting(config)
-            key = (tuple(sorted(setting.items())), tuple(repr(_lookup(config, k)) for k in SEED_KEYS))
-            groups.setdefault(key, []).append(version)
-            settings[key], configs[key] = setting, config
-        for key, versions in groups.items():
-            points: dict[str, dict[int, float]] = {}
-            for version in versions:
-                for tag, (rounds, values) in load_scalars(version).items():
-                    points.setdefault(tag, {}).update(zip(rounds.tolist(), values.tolist()))
-            curves = {tag: (np.array(sorted(p), dtype=np.int64), np.array([p[r] for r in sorted(p)]))
-                      for tag, p in points.items()}
-            rounds, ema = curves.get(EMA_TAG, (np.zeros(0, np.int64), np.zeros(0)))
-            runs.append(RunResult(run_dir, tuple(v.name for v in versions), settings[key], rounds,
-                                  100.0 * ema, configs[key], curves))
-    return runs
-
-
-def unread_versions(root: str | Path) -> list[tuple[Path, str]]:
-    """The ``version_*`` folders under ``root`` that ``collect_runs`` reads no curve from, each with why."""
-    unread = []
-    for version in sorted(Path(root).rglob("version_*")):
-        if not version.is_dir():
-            continue
-        if not (version / "config.yaml").is_file():
-            unread.append((version, "no config.yaml (not written by `fedrcl fit`, or stopped before it saved "
-                                    "its config), so its setting is unknown"))
-        elif not has_logs(version):
-            unread.append((version, "no TensorBoard event file and no CSVLogger metrics.csv (only these two "
-                                    "loggers are read)"))
-    return unread
-
-
-def _seed_tuple(run: RunResult) -> tuple:
-    return tuple(repr(v) for v in run.seeds.values())
-
-
-def _group_seeds(runs: Sequence[RunResult]) -> tuple[list[list[RunResult]], list[tuple[RunResult, RunResult]]]:
-    """``seed_groups`` and the repeats it leaves out: ``(left out, kept)`` pairs."""
-    groups: dict[Any, dict[tuple, RunResult]] = {}
-    repeats = []
-    for run in runs:
-        key = experiment_key(run.config) if run.config else ("run", id(run))
-        by_seeds = groups.setdefault(key, {})
-        other = by_seeds.get(_seed_tuple(run))
-        if other is not None:
-            kept, dropped = (run, other) if run.last_round > other.last_round else (other, run)
-            repeats.append((dropped, kept))
-            run = kept
-        by_seeds[_seed_tuple(run)] = run
-    return [list(by_seeds.values()) for by_seeds in groups.values()], repeats
-
-
-def seed_groups(runs: Sequence[RunResult]) -> list[list[RunResult]]:
-    """Runs that differ only in seeds (same ``experiment_key``), in the order of their first run; of runs
-    with the same seeds too (a repeat), the one that got furthest. A run without a saved config is alone."""
-    return _group_seeds(runs)[0]
-
-
-def comparisons(groups: Sequence[Sequence[RunResult]]) -> list[tuple[Sequence[RunResult], Sequence[RunResult]]]:
-    """``(reference, challenger)`` seed groups of ``seed_groups`` that differ only in the method (the same
-    ``method_key``): in each such family the reference is its FedAvg group (the paper's baseline; the first
-    one when several), else its first group, and every other group is a challenger, in the order of
-    ``groups``. A run without a saved config is in no family."""
-    families: dict[str, list[Sequence[RunResult]]] = {}
-    for group in groups:
-        if group[0].config:
-            families.setdefault(method_key(group[0].config), []).append(group)
-    compared = []
-    for family in families.values():
-        reference = next((g for g in family if g[0].setting["method"] == "FedAvg"), family[0])
-        compared += [(reference, group) for group in family if group is not reference]
-    return compared
-
-
-def _seed_order(seeds: tuple) -> tuple:
-    """Seeds in numeric order (seed 10 after seed 2), ``None`` or text after numbers."""
-    return tuple((0, v, "") if isinstance(v, int) else (1, 0, str(v)) for v in seeds)
-
-
-def pair_by_seed(reference: Sequence[RunResult],
-                 challenger: Sequence[RunResult]) -> dict[tuple, tuple[RunResult, RunResult]]:
-    """``{seeds: (reference run, challenger run)}`` for the seeds (``seed_everything``, ``trainer.seed``,
-    ``data.seed``, all three equal) both groups ran, in seed order: each pair shares its split, client
-    sampling and batches."""
-    by_seeds = {tuple(r.seeds.values()): r for r in reference}
-    pairs = {seeds: (by_seeds[seeds], run) for run in challenger
-             if (seeds := tuple(run.seeds.values())) in by_seeds}
-    return dict(sorted(pairs.items(), key=lambda item: _seed_order(item[0])))
-
-
-def comparison_rounds(pairs: dict[tuple, tuple[RunResult, RunResult]], rounds: Sequence[int] = ()) -> list[int]:
-    """``rounds`` when given, else the last round all paired runs logged ``val/acc_ema`` at (none when they
-    share no round)."""
-    if rounds:
-        return list(rounds)
-    curves = [run.curves[EMA_TAG] for pair in pairs.values() for run in pair if EMA_TAG in run.curves]
-    if not pairs or len(curves) < 2 * len(pairs):
-        return []
-    common, _ = align(curves)
-    return [int(common[-1])] if len(common) else []
-
-
-def _through(curve: Curve, last: int) -> Curve:
-    """``curve`` up to round ``last``."""
-    rounds, values = curve
-    return rounds[rounds <= last], values[rounds <= last]
-
-
-def paired_crossings(pairs: dict[tuple, tuple[RunResult, RunResult]], through: int) -> dict[tuple, Crossing]:
-    """Per seed pair, where the challenger's ``val/acc_ema`` passes the reference's (``crossing``) on their
-    common rounds up to ``through``: a run that went further is cut there, so every seed is read over the same
-    rounds. Pairs without such a common round are left out."""
-    out = {}
-    for seeds, (reference, challenger) in pairs.items():
-        ref_curve, ch_curve = reference.curves.get(EMA_TAG), challenger.curves.get(EMA_TAG)
-        if ref_curve is None or ch_curve is None:
-            continue
-        ref_curve, ch_curve = _through(ref_curve, through), _through(ch_curve, through)
-        if len(np.intersect1d(ref_curve[0], ch_curve[0])):
-            out[seeds] = crossing(ref_curve, ch_curve)
-    return out
 
 
 def _seed_label(runs: Sequence[RunResult], key: str) -> str:
@@ -409,6 +107,7 @@ def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_S
     groups = [g for g in seed_groups(runs) if any(r.curves for r in g)]
     if not groups:
         return out + ["No runs with logged scalars.", ""]
+    mixed = len(_backends(runs)) > 1
     header = ["Experiment", "Method", "Server", "n", "seeds (init / sampling / split)"]
     for tag in tags:
         header += [f"{tag} mean ± std", f"{tag} 95% CI"]
@@ -416,7 +115,7 @@ def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_S
     for group in groups:
         s = group[0].setting
         seeds = " / ".join(_seed_label(group, k) for k in SEED_KEYS)
-        cells = [_md(_group_where(group, root)), _md(s["method"]), _md(s["server"]), str(len(group)), seeds]
+        cells = [_md(_group_where(group, root, mixed)), _md(s["method"]), _md(s["server"]), str(len(group)), seeds]
         for tag in tags:
             cells += _seed_cells(group, tag)
         out.append("| " + " | ".join(cells) + " |")
@@ -432,15 +131,25 @@ def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_S
             values = [[v for run in group if tag in run.curves and (v := value_at(run.curves[tag], r)) is not None]
                       for r in rounds]
             cells = [_summary_cell([_scale(tag) * v for v in at_round]) for at_round in values]
-            out.append(f"| {_md(_group_where(group, root))} | {_md(group[0].setting['method'])} | {_md(tag)} | "
+            out.append(f"| {_md(_group_where(group, root, mixed))} | {_md(group[0].setting['method'])} | {_md(tag)} | "
                        + " | ".join(cells) + " |")
     return out + [""]
 
 
-def _group_where(group: Sequence[RunResult], root: Optional[Path]) -> str:
-    """The folders of a seed group's runs (``<name>`` for ``<name>/seed<k>`` runs), relative to ``root``."""
-    return ", ".join(sorted({_where(r.path.parent if r.path.name.startswith("seed") else r.path, root)
-                             for r in group}))
+def _group_where(group: Sequence[RunResult], root: Optional[Path], backend: bool = False) -> str:
+    """The folders of a seed group's runs (``<name>`` for ``<name>/seed<k>`` runs), relative to ``root``, and
+    ``on <backend>`` when ``backend`` (a report of several backends)."""
+    where = ", ".join(sorted({_where(r.path.parent if r.path.name.startswith("seed") else r.path, root)
+                              for r in group}))
+    return f"{where} on {group[0].backend}" if backend else where
+
+
+def _backends(runs: Sequence[RunResult]) -> dict[str, int]:
+    """``{backend: number of runs}``, in the order of the runs."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[run.backend] = counts.get(run.backend, 0) + 1
+    return counts
 
 
 def _scale(tag: str) -> float:
@@ -490,9 +199,10 @@ def render_paired(runs: Sequence[RunResult], rounds: Sequence[int] = (), root: O
     compared = comparisons(seed_groups(runs))
     if not compared:
         return out + ["No seed groups that differ only in the method.", ""]
+    mixed = len(_backends(runs)) > 1
     for reference, challenger in compared:
         ref_name, ch_name = reference[0].setting["method"], challenger[0].setting["method"]
-        ref_where, ch_where = _group_where(reference, root), _group_where(challenger, root)
+        ref_where, ch_where = _group_where(reference, root, mixed), _group_where(challenger, root, mixed)
         if ref_name == ch_name:  # the same method under other arguments: the folders tell them apart
             ref_name, ch_name = ref_where, ch_where
         out += [f"### {_md(ch_name)} ({_md(ch_where)}) against {_md(ref_name)} ({_md(ref_where)})", ""]
@@ -504,7 +214,7 @@ def render_paired(runs: Sequence[RunResult], rounds: Sequence[int] = (), root: O
         header = " | ".join(f"round {r}" for r in at)
         out += [f"| method | seed | run | {header} | rounds run |", "|:--|--:|:--|" + "--:|" * (len(at) + 1)]
         for name, group in ((ref_name, reference), (ch_name, challenger)):
-            for run in sorted(group, key=lambda r: _seed_order(tuple(r.seeds.values()))):
+            for run in sorted(group, key=lambda r: seed_order(tuple(r.seeds.values()))):
                 cells = [_raw_ema(run, r) for r in at]
                 out.append(f"| {_md(name)} | {run.seeds['seed_everything']} | {_md(_where(run.path, root))} | "
                            + " | ".join(cells) + f" | {run.rounds_logged} |")
@@ -644,9 +354,20 @@ def _render_runs(runs: Sequence[RunResult], placed: dict[int, list[tuple]], root
         return out + ["No runs found (a run is a folder of `version_*` folders holding `config.yaml` and "
                       "TensorBoard event files or a CSVLogger `metrics.csv`).", ""]
     out += ["Rounds: the last round logged, of `trainer.rounds`; \"not finished\": fewer (killed, stopped early, "
-            "or still running). Last EMA: `val/acc_ema` at its last round, in %.", "",
-            "| Run | Versions | Dataset | Split | Method | Server | Backbone | Clients/round | Rounds | "
-            "Last EMA | Paper cells |", "|:--|:--|:--|:--|:--|:--|:--|--:|--:|--:|:--|"]
+            "or still running). Last EMA: `val/acc_ema` at its last round, in %.", ""]
+    backends = _backends(runs)
+    if len(backends) > 1:  # never grouped as seeds nor paired across backends: say so, and which run is which
+        out += [f"Runs of {len(backends)} backends ("
+                + ", ".join(f"{name}: {count}" for name, count in backends.items())
+                + "): runs of different backends are never merged, grouped as seeds or paired; the Backend "
+                "column says which is which (Flower: a run that logged `flower/` byte counts).", ""]
+    columns = ["Run", "Versions", "Dataset", "Split", "Method", "Server", "Backbone", "Clients/round", "Rounds",
+               "Last EMA", "Paper cells"]
+    align = "|:--|:--|:--|:--|:--|:--|:--|--:|--:|--:|:--|"
+    if len(backends) > 1:
+        columns.insert(6, "Backend")
+        align = "|:--|:--|:--|:--|:--|:--|:--|:--|--:|--:|--:|:--|"
+    out += ["| " + " | ".join(columns) + " |", align]
     for run in runs:
         s = run.setting
         backbone = f"{s['backbone']}" + (f" (width {s['width']})" if s["width"] is not None else "")
@@ -654,11 +375,17 @@ def _render_runs(runs: Sequence[RunResult], placed: dict[int, list[tuple]], root
         last = f"{run.ema[-1]:.2f}" if len(run.ema) else "no val/acc_ema yet"
         rounds = str(run.rounds_logged)
         if run.rounds_planned is not None:
-            rounds += f" of {run.rounds_planned}" + (", not finished" if run.unfinished else "")
-        out.append(" | ".join(["", _md(_where(run.path, root)), _md(", ".join(run.versions)), _md(s["dataset"]),
-                               _md(_split_name(s)), _md(s["method"]), _md(s["server"]), _md(backbone),
-                               f"{s['clients_per_round']}/{s['num_clients']}", rounds, last,
-                               _md(where), ""]).strip())
+            rounds += f" of {run.rounds_planned}"
+        if run.problems:  # fewer rounds because a log is damaged, not because training stopped
+            rounds += ", logs not read whole (see Left out)"
+        elif run.unfinished:
+            rounds += ", not finished"
+        cells = [_md(_where(run.path, root)), _md(", ".join(run.versions)), _md(s["dataset"]),
+                 _md(_split_name(s)), _md(s["method"]), _md(s["server"]), _md(backbone),
+                 f"{s['clients_per_round']}/{s['num_clients']}", rounds, last, _md(where)]
+        if len(backends) > 1:
+            cells.insert(6, _md(run.backend))
+        out.append(" | ".join(["", *cells, ""]).strip())
     return out + [""]
 
 
@@ -666,7 +393,9 @@ def _render_left_out(runs: Sequence[RunResult], unread: Sequence[tuple[Path, str
                      root: Optional[Path]) -> list[str]:
     """The "Left out" section: what is not in the tables above, and why."""
     notes = [f"- `{_where(path, root)}`: {why}." for path, why in unread]
-    for dropped, kept in _group_seeds(runs)[1]:
+    notes += [f"- `{_where(path, root)}` (of `{_where(run.path, root)}`, {', '.join(run.versions)}): {why}; the "
+              "run is shown with what was read." for run in runs for path, why in run.problems]
+    for dropped, kept in group_seeds(runs)[1]:
         notes.append(f"- `{_where(dropped.path, root)}` ({', '.join(dropped.versions)}): the same experiment and "
                      f"seeds as `{_where(kept.path, root)}` ({', '.join(kept.versions)}), which got further "
                      f"(round {kept.last_round} against {dropped.last_round}); seeds and paper cells use that "
@@ -763,20 +492,31 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="print every table of the paper with our rows beneath its rows, not only the "
                              "cells our runs fill")
     args = parser.parse_args(argv)
+    out = Path(args.out) if args.out else None
+    problem = out_file_problem(out) if out is not None else None
+    if problem is not None:  # before anything is read or printed
+        command_error("fedrcl report", f"--out {problem}")
     if not Path(args.runs_dir).is_dir():
         command_error("fedrcl report", f"RUNS_DIR {args.runs_dir} is not a folder")
     runs, unread = collect_runs(args.runs_dir), unread_versions(args.runs_dir)
     if not runs:
-        found = f"; {len(unread)} version folders without config.yaml" if unread else ""
+        without_config = sum(why.startswith("no config.yaml") for _, why in unread)
+        found = f"; {without_config} version folders without config.yaml" if without_config else ""
+        if len(unread) > without_config:
+            path, why = next((p, w) for p, w in unread if not w.startswith("no config.yaml"))
+            found += f"; {len(unread) - without_config} version folders not read ({path}: {why})"
         command_error("fedrcl report", f"no runs under {args.runs_dir}{found} (a run is a folder of version_* "
                       "folders, each with the config.yaml of `fedrcl fit` and TensorBoard event files or a "
                       "CSVLogger metrics.csv)")
     text = render_report(runs, title=args.runs_dir, seed_tags=args.tags, paper_tables=args.paper,
                          unread=unread, root=Path(args.runs_dir), rounds=args.rounds)
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
-    else:
+    if out is None:
         print(text, end="")
+        return
+    try:
+        write_text(out, text)
+    except ValueError as error:
+        command_error("fedrcl report", f"--out {error}")
 
 
 if __name__ == "__main__":

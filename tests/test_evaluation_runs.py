@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import run_cli
-from fedrcl.analysis.runs import find_runs, load_scalars
-from fedrcl.report import collect_runs
+from fedrcl.analysis.catalogue import collect_runs, find_runs
+from fedrcl.analysis.runs import load_scalars
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 from nbclient import NotebookClient
 
 from conftest import REPO, run_cli
@@ -38,11 +39,20 @@ def images(nb: nbformat.NotebookNode) -> int:
                for out in cell.outputs)
 
 
-def test_analysis_notebook_reads_the_quickstart(data_root, tmp_path):
-    """The quickstart config carries the RepresentationMonitor (every 5 rounds), so 5 rounds suffice."""
+def test_analysis_notebook_reads_the_quickstart_and_seeds_runs(data_root, tmp_path):
+    """The quickstart config carries the RepresentationMonitor (every 5 rounds), so 5 rounds suffice. Beside
+    it, two runs as ``fedrcl seeds`` lays them out (``<name>/seed<k>/version_0``, here copies of the quickstart
+    under seeds 1 and 2), which the notebook finds as ``fedrcl report`` does (it found ``<name>/version_*``
+    only)."""
     run_cli(data_root, tmp_path / "runs", "--trainer.enable_checkpointing", "false", rounds=5)
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["quickstart"]
+    for seed in (1, 2):
+        version = tmp_path / "runs" / "seeded" / f"seed{seed}" / "version_0"
+        shutil.copytree(tmp_path / "runs" / "quickstart" / "version_0", version)
+        config = yaml.safe_load((version / "config.yaml").read_text())
+        config["seed_everything"] = config["trainer"]["seed"] = seed
+        (version / "config.yaml").write_text(yaml.safe_dump(config))
     nb = execute("analysis.ipynb", tmp_path)
-    assert "1 runs: quickstart" in "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                                           for o in c.outputs)
+    assert "3 runs: quickstart, seeded/seed1, seeded/seed2" in "".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert images(nb) >= 1 + 4 + 4 + 1  # accuracy, 4 global and 4 local metrics, deviation

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 
@@ -10,13 +11,13 @@ import matplotlib
 import numpy as np
 import pytest
 import yaml
-from test_report import fake_config, fake_version
+from test_report import event_file, fake_config, fake_version, read_only_folder
 from torch.utils.tensorboard import SummaryWriter
 
 from conftest import REPO
 from fedrcl.analysis.plots import plot_seed_groups
 from fedrcl.analysis.seed_stats import align, mean_band, t_quantile
-from fedrcl.plot import curve_groups, main
+from fedrcl.plot import curve_groups, main, nonfinite_notes
 
 matplotlib.use("Agg")
 
@@ -156,3 +157,112 @@ def test_a_run_opens_tensorboard_on_accuracy_and_plots(data_root, tmp_path, caps
     ema = 100 * cli.trainer.callback_metrics["val/acc_ema"].item()
     assert f"| FedRCL | 1 | {ema:.2f} | 2 |" in capsys.readouterr().out
     assert (tmp_path / "curves.png").is_file() and (tmp_path / "curves.svg").is_file()
+
+
+def error_of(capsys, argv) -> str:
+    """The one line ``fedrcl plot ARGV`` refuses with (exit status 2, nothing on stdout)."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    captured = capsys.readouterr()
+    assert (info.value.code, captured.out) == (2, "") and len(captured.err.splitlines()) == 1, captured
+    return captured.err.strip()
+
+
+def test_plot_names_an_event_file_it_cannot_read(two_methods, tmp_path, capsys):
+    """A seed's event file overwritten: the file and why are on stderr and the curve has the other seeds; one
+    run alone, damaged: one line naming the file (it said only "no runs")."""
+    events = event_file(two_methods / "fedavg" / "seed2" / "version_0")
+    events.write_bytes(b"\x07garbage" * 50)
+    main([str(two_methods), "--tags", "val/acc_ema", "--out", str(tmp_path / "x")])
+    captured = capsys.readouterr()
+    assert f"fedrcl plot: left out {events}: corrupt (a record's length fails its checksum) at byte 0 of 400; " \
+           "nothing read" in captured.err.splitlines()
+    assert "| FedAvg | 2 | 51.00 ± 1.41 | 10 |" in captured.out
+    err = error_of(capsys, [f"Broken={two_methods / 'fedavg' / 'seed2'}", "--tags", "val/acc_ema",
+                            "--out", str(tmp_path / "y")])
+    assert err == (f"fedrcl plot: error: Broken={two_methods / 'fedavg' / 'seed2'}: no run under "
+                   f"{two_methods / 'fedavg' / 'seed2'} logged all of val/acc_ema (left out: {events}: corrupt (a "
+                   "record's length fails its checksum) at byte 0 of 400; nothing read; "
+                   f"{two_methods / 'fedavg' / 'seed2'} (version_0): no val/acc_ema logged)")
+
+
+def test_non_finite_points_are_noted_under_the_figure_and_in_the_table(two_methods, tmp_path, capsys):
+    """FedRCL's seed 0 logged NaN at rounds 3 and 4 and infinity at 5: the mean is not drawn there, and the figure
+    and the table say so (they were dropped without a word)."""
+    import matplotlib.pyplot as plt
+
+    config = seeded(fake_config(), 2)
+    curve = {r: 0.6 for r in range(1, 11)} | {3: math.nan, 4: math.nan, 5: math.inf}
+    fake_version(two_methods / "fedrcl" / "seed2" / "version_0", config, curve)
+    plt.close("all")
+    main([str(two_methods), "--tags", "val/acc_ema", "--rounds", "2", "4", "--out", str(tmp_path / "x")])
+    out = capsys.readouterr().out
+    note = "FedRCL: val/acc_ema is NaN or infinite at rounds 3, 4, 5 in 1 of its 3 runs; not drawn there"
+    assert "| FedRCL | 3 | 63.33 ± 5.77 | non-finite in 1 of 3 | 8 |" in out and f"- {note}" in out
+    (number,) = plt.get_fignums()
+    assert plt.figure(number).get_supxlabel() == note
+    values = np.array([1, np.nan, 1, np.inf, np.nan, np.nan, -np.inf])
+    assert nonfinite_notes({"A": [{"t": (np.arange(1, 8), values)}]}, ["t"]) == [
+        "A: t is NaN or infinite at rounds 2, 4, 5, ... 7 (5 rounds) in 1 of its 1 runs; not drawn there"]
+
+
+def test_a_path_that_exists_is_a_path_and_labels_are_checked(two_methods, tmp_path, capsys):
+    """A folder named ``lr=0.1`` is a folder (it was read as label ``lr`` of path ``0.1``); ``=PATH`` and
+    ``--run '' PATH`` (an empty label) and one label for two curves are refused in one line."""
+    lr = tmp_path / "sweep" / "lr=0.1"
+    lr.parent.mkdir()
+    (two_methods / "fedavg").rename(lr)
+    groups = curve_groups([str(lr)], ["val/acc_ema"])
+    assert list(groups) == ["FedAvg"] and len(groups["FedAvg"]) == 3
+    main([str(lr), "--tags", "val/acc_ema", "--out", str(tmp_path / "x")])
+    assert "| FedAvg | 3 | 52.00 ± 2.00 | 10 |" in capsys.readouterr().out
+    assert error_of(capsys, [f"={lr}", "--out", str(tmp_path / "y")]) == (
+        f"fedrcl plot: error: ={lr}: empty label; give LABEL=PATH (or --run LABEL PATH), or PATH alone to label "
+        "its runs by method")
+    assert error_of(capsys, ["--run", "", str(lr), "--out", str(tmp_path / "y")]) == \
+        f"fedrcl plot: error: --run  {lr}: empty label; give the curve a name"
+    assert error_of(capsys, [f"A={lr}", f"A={two_methods / 'fedrcl'}", "--tags", "val/acc_ema",
+                             "--out", str(tmp_path / "y")]) == (
+        f"fedrcl plot: error: A={two_methods / 'fedrcl'}: a second curve named A; give each curve its own label")
+    assert not list(tmp_path.glob("y.*"))
+
+
+def test_run_label_path_takes_any_folder_name_and_repeats_into_one_curve(two_methods, tmp_path, capsys):
+    """``--run LABEL PATH`` for a folder with a comma in its name; the same label again adds a path."""
+    odd = tmp_path / "seeds 0,1"
+    odd.mkdir()
+    for seed in (0, 1):
+        (two_methods / "fedavg" / f"seed{seed}").rename(odd / f"seed{seed}")
+    main(["--run", "FedAvg", str(odd), "--run", "FedAvg", str(two_methods / "fedavg"), "--run", "FedRCL",
+          str(two_methods / "fedrcl"), "--tags", "val/acc_ema", "--out", str(tmp_path / "x")])
+    out = capsys.readouterr().out
+    assert "| FedAvg | 3 | 52.00 ± 2.00 | 10 |" in out and "| FedRCL | 2 | 65.00 ± 7.07 | 8 |" in out
+
+
+@pytest.mark.parametrize("case", ["read-only folder", "under a file", "a folder at OUT.svg"])
+def test_plot_out_problems_are_one_line_before_anything_is_printed(two_methods, tmp_path, capsys, monkeypatch,
+                                                                    case):
+    """``--out`` in a folder the user cannot write in, under a regular file, or where OUT.svg is a folder: one
+    line naming the path before the table is printed (the table came first, then a traceback)."""
+    (tmp_path / "notes.txt").write_text("kept")
+    (tmp_path / "fig.svg").mkdir()
+    out = {"read-only folder": read_only_folder(tmp_path, monkeypatch) / "fig",
+           "under a file": tmp_path / "notes.txt" / "fig", "a folder at OUT.svg": tmp_path / "fig"}[case]
+    expected = {"read-only folder": f"{out}.png: cannot write in {out.parent} (read-only or not yours)",
+                "under a file": f"{out}.png: {out.parent} is a file, not a folder",
+                "a folder at OUT.svg": f"{out}.svg is a folder; give a file name"}[case]
+    assert error_of(capsys, [str(two_methods), "--out", str(out)]) == f"fedrcl plot: error: --out {expected}"
+    assert (tmp_path / "notes.txt").read_text() == "kept" and not list(out.parent.glob("fig.png"))
+
+
+def test_plot_refuses_runs_of_several_data_sets_in_one_figure(two_methods, tmp_path, capsys):
+    """A digits run beside CIFAR-100 runs: one line naming each data set's curves (they were drawn on one pair of
+    axes)."""
+    fake_version(two_methods / "digits_fedrcl" / "version_0", seeded(fake_config("digits"), 0), {1: 0.9})
+    assert error_of(capsys, [str(two_methods), "--tags", "val/acc_ema", "--out", str(tmp_path / "x")]) == (
+        "fedrcl plot: error: runs of 2 data sets (digits: FedRCL (digits_fedrcl); cifar100: FedAvg, FedRCL "
+        "(fedrcl)); one figure holds one data set: plot each on its own")
+    with pytest.raises(ValueError, match=re.escape("runs of 2 data sets (digits: Digits; cifar100: Cifar)")):
+        curve_groups([f"Digits={two_methods / 'digits_fedrcl'}", f"Cifar={two_methods / 'fedavg'}"],
+                     ["val/acc_ema"])
+    assert not list(tmp_path.glob("x.*"))

@@ -1,8 +1,11 @@
 """``fedrcl report``: the paper's numbers as typed in, and our runs placed in the paper's tables."""
 from __future__ import annotations
 
+import copy
 import itertools
+import os
 import re
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -13,22 +16,10 @@ from torch.utils.tensorboard import SummaryWriter
 from conftest import REPO, run_cli
 from fedrcl.analysis.runs import load_scalars
 from fedrcl.cli import main
-from fedrcl.report import (
-    RunResult,
-    _cells,
-    collect_runs,
-    comparison_rounds,
-    comparisons,
-    experiment_key,
-    load_paper_results,
-    method_key,
-    pair_by_seed,
-    paired_crossings,
-    render_report,
-    run_setting,
-    seed_groups,
-    unread_versions,
-)
+from fedrcl.analysis.catalogue import RunResult, collect_runs, unread_versions
+from fedrcl.analysis.grouping import comparison_rounds, comparisons, pair_by_seed, paired_crossings, seed_groups
+from fedrcl.analysis.settings import experiment_key, method_key, run_setting
+from fedrcl.report import _cells, load_paper_results, render_report
 
 TEX = REPO.parent / "shared" / "reference" / "fedrcl-paper.tex"
 needs_tex = pytest.mark.skipif(not TEX.exists(), reason="the paper's LaTeX source is not beside the repo")
@@ -151,13 +142,44 @@ def fake_config(dataset="cifar100", partition="dirichlet", alpha=0.05, method="F
                      "partition_file": None, "batch_size": 50, "local_iters_per_epoch": 10}}
 
 
-def fake_version(folder, config: dict, curve: dict[int, float]) -> None:
+def fake_version(folder, config: dict, curve: dict[int, float],
+                 scalars: Optional[dict[str, dict[int, float]]] = None) -> None:
+    """A version folder: ``config.yaml`` and an event file with ``curve`` as ``val/acc_ema`` and ``scalars``."""
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     writer = SummaryWriter(str(folder))
-    for step, value in curve.items():
-        writer.add_scalar("val/acc_ema", value, step)
+    for tag, points in {"val/acc_ema": curve, **(scalars or {})}.items():
+        for step, value in points.items():
+            writer.add_scalar(tag, value, step)
     writer.close()
+
+
+def flower_version(folder, config: dict, curve: dict[int, float]) -> None:
+    """A version as the Flower ServerApp writes it: ``fedrcl fit``'s config and scalars, and the bytes Flower's
+    ArrayRecords carried every round (``flower/down_bytes``, ``flower/up_bytes``)."""
+    fake_version(folder, config, curve, {f"flower/{d}_bytes": {r: 1e6 for r in curve} for d in ("down", "up")})
+
+
+def event_file(version):
+    """The one event file of a version folder."""
+    (path,) = version.glob("*tfevents*")
+    return path
+
+
+def read_only_folder(parent, monkeypatch) -> Path:
+    """A folder under ``parent`` the user cannot write in: mode 555; for root, who may write anywhere,
+    ``os.access`` answers for it as the system answers a user without the right."""
+    folder = parent / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.geteuid() == 0:
+        access = os.access
+
+        def as_a_user(path, mode, **kwargs):
+            return not (Path(path) == folder and mode & os.W_OK) and access(path, mode, **kwargs)
+
+        monkeypatch.setattr(os, "access", as_a_user)
+    return folder
 
 
 def rows_of(markdown: str, heading: str) -> dict[str, list[str]]:
@@ -320,14 +342,14 @@ def test_report_lists_your_runs_first_and_only_the_paper_cells_they_fill(fake_ru
 
 def test_experiment_ignores_cover_the_resume_fingerprints_ignored_keys():
     from fedrcl.federated.fingerprint import IGNORED
-    from fedrcl.report import EXPERIMENT_IGNORES
+    from fedrcl.analysis.settings import EXPERIMENT_IGNORES
 
     assert set(IGNORED) <= set(EXPERIMENT_IGNORES)
 
 
 def test_round_loop_values_are_the_trainers_owned_arguments():
     from fedrcl.federated.trainer import OWNED_BY_ROUNDS
-    from fedrcl.report import ROUND_LOOP_VALUES
+    from fedrcl.analysis.settings import ROUND_LOOP_VALUES
 
     assert ROUND_LOOP_VALUES == {key: value for key, (value, _) in OWNED_BY_ROUNDS.items()}
 
@@ -501,3 +523,116 @@ def test_report_on_a_folder_without_runs_is_a_one_line_error(tmp_path, capsys, l
     assert info.value.code == 2 and len(err.splitlines()) == 1
     assert err.startswith(f"fedrcl report: error: no runs under {tmp_path}")
     assert ("1 version folders without config.yaml" in err) == (layout == "no config")
+
+
+def left_out_notes(markdown: str) -> list[str]:
+    return [line for line in markdown.split("## Left out\n", 1)[1].split("\n## ", 1)[0].splitlines()
+            if line.startswith("- ")]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+def test_report_names_an_event_file_it_cannot_read_whole(tmp_path, capsys, damage):
+    """A finished run of 10 rounds whose event file is cut short (a killed writer, a full disk, half a copy)
+    or overwritten: its row says its logs were not read whole and "Left out" names the file with why (it was
+    "0 of 10, not finished" and "Left out: Nothing"); the rounds before the damage are kept. A notebook's
+    ``load_scalars`` warns, naming the file."""
+    config = fake_config("cifar10", backbone="SmallCNN")
+    config["trainer"]["rounds"] = 10
+    fake_version(tmp_path / "runs" / "damaged" / "version_0", config, {r: r / 100 for r in range(1, 11)})
+    events = event_file(tmp_path / "runs" / "damaged" / "version_0")
+    data = events.read_bytes()
+    events.write_bytes(data[:-7] if damage == "truncated" else b"\x07garbage" * 50)
+    main(["report", str(tmp_path / "runs")])
+    markdown = capsys.readouterr().out
+    rounds, last_ema = rows_of(markdown, "## Your runs")["damaged"][-3:-1]
+    (note,) = left_out_notes(markdown)
+    assert note.startswith(f"- `damaged/version_0/{events.name}` (of `damaged`, version_0): ")
+    if damage == "truncated":  # the last record, round 10's, is cut
+        assert (rounds, last_ema) == ("9 of 10, logs not read whole (see Left out)", "9.00")
+        assert re.search(r": truncated \(the writer stopped mid-record: killed, a full disk, or still writing\) at "
+                         rf"byte \d+ of {len(data) - 7}; rounds after 9 not read; the run is shown with", note)
+    else:
+        assert (rounds, last_ema) == ("0 of 10, logs not read whole (see Left out)", "no val/acc_ema yet")
+        assert "corrupt (a record's length fails its checksum) at byte 0 of 400; nothing read" in note
+    with pytest.warns(UserWarning, match=re.escape(str(events))):
+        load_scalars(tmp_path / "runs" / "damaged")
+
+
+def test_report_names_a_metrics_csv_that_is_not_one(tmp_path):
+    config = fake_config("cifar10", backbone="SmallCNN")
+    version = tmp_path / "csv_run" / "version_0"
+    version.mkdir(parents=True)
+    (version / "config.yaml").write_text(yaml.safe_dump(config))
+    (version / "metrics.csv").write_text("epoch,step,val/acc_ema\n0,1,0.1\n0,2,0.2\n0,3,abc\n")
+    (run,) = collect_runs(tmp_path)
+    assert run.curves["val/acc_ema"][0].tolist() == [1, 2]
+    assert run.problems == ((version / "metrics.csv", "not a CSVLogger metrics.csv from line 4 on (could not "
+                             "convert string to float: 'abc'); the rows before it are read"),)
+
+
+def test_versions_of_one_folder_merge_only_when_they_continue(tmp_path):
+    """A resume continues after its checkpoint's round: one run (here resumed on Flower: both backends). The
+    same config started over in the same folder is another run, a repeat of the first."""
+    config = fake_config("cifar10", backbone="SmallCNN")
+    fake_version(tmp_path / "a" / "version_0", config, {r: 0.1 for r in range(1, 6)})
+    flower_version(tmp_path / "a" / "version_1", config, {r: 0.2 for r in range(6, 11)})
+    fake_version(tmp_path / "b" / "version_0", config, {r: 0.1 for r in range(1, 6)})
+    fake_version(tmp_path / "b" / "version_1", config, {r: 0.3 for r in range(1, 4)})  # started over
+    runs = collect_runs(tmp_path)
+    assert [(r.path.name, r.versions, r.backend, r.last_round) for r in runs] == [
+        ("a", ("version_0", "version_1"), "fedrcl fit, Flower", 10),
+        ("b", ("version_0",), "fedrcl fit", 5), ("b", ("version_1",), "fedrcl fit", 3)]
+
+
+def test_a_flower_run_a_fit_run_and_two_methods_in_one_folder_never_merge(tmp_path):
+    """The tutorial's method written into runs/quickstart beside FedRCL, and a Flower run of the quickstart
+    into the same folder: three runs, the Flower one in a seed group of its own, compared with no fit run, and
+    the report says which backend each run is (the fit and Flower versions were one FedRCL run, "60 of 60")."""
+    root = tmp_path / "runs"
+    fedrcl, fedavg = fake_config("digits", backbone="SmallCNN"), fake_config("digits", method="FedAvg",
+                                                                             backbone="SmallCNN")
+    for config in (fedrcl, fedavg):
+        config["trainer"]["rounds"] = 2
+    flower = copy.deepcopy(fedrcl)
+    flower["trainer"]["rounds"] = 60
+    fake_version(root / "quickstart" / "version_0", fedrcl, {1: 0.5, 2: 0.6})
+    flower_version(root / "quickstart" / "version_1", flower, {r: 0.7 for r in range(1, 61)})
+    fake_version(root / "quickstart" / "version_2", fedavg, {1: 0.4, 2: 0.5})
+    runs = collect_runs(root)
+    assert [(r.versions, r.setting["method"], r.backend) for r in runs] == [
+        (("version_0",), "FedRCL", "fedrcl fit"), (("version_1",), "FedRCL", "Flower"),
+        (("version_2",), "FedAvg", "fedrcl fit")]
+    markdown = render_report(runs, root=root)
+    assert "Runs of 2 backends (fedrcl fit: 2, Flower: 1): runs of different backends are never merged" in markdown
+    header = ("| Run | Versions | Dataset | Split | Method | Server | Backend | Backbone | Clients/round | Rounds | "
+              "Last EMA | Paper cells |")
+    assert [(row[1], row[4], row[6], row[9]) for row in table_under(markdown, header)] == [
+        ("version_0", "FedRCL", "fedrcl fit", "2 of 2"), ("version_1", "FedRCL", "Flower", "60 of 60"),
+        ("version_2", "FedAvg", "fedrcl fit", "2 of 2")]
+    seeds = rows_of(markdown, "## Seeds")
+    assert [(where, cells[0], cells[2]) for where, cells in seeds.items()] == [
+        ("quickstart on fedrcl fit", "FedAvg", "1"), ("quickstart on Flower", "FedRCL", "1")]  # rows_of: last wins
+    assert markdown.count("| quickstart on fedrcl fit | FedRCL |") == 1
+    paired = markdown.split("## Paired by seed\n", 1)[1].split("\n## ", 1)[0]
+    assert [line for line in paired.splitlines() if line.startswith("### ")] == [
+        "### FedRCL (quickstart on fedrcl fit) against FedAvg (quickstart on fedrcl fit)"]
+    assert left_out_notes(markdown) == []
+
+
+@pytest.mark.parametrize("case", ["read-only folder", "under a file", "a folder"])
+def test_report_out_problems_are_one_line_before_anything_is_printed(fake_runs, tmp_path, capsys, monkeypatch,
+                                                                      case):
+    """``--out`` in a folder the user cannot write in, under a regular file, or at an existing folder: one line
+    naming the path and exit status 2, nothing on stdout (they were 11-26-line tracebacks)."""
+    (tmp_path / "notes.txt").write_text("kept")
+    out = {"read-only folder": read_only_folder(tmp_path, monkeypatch) / "report.md",
+           "under a file": tmp_path / "notes.txt" / "report.md", "a folder": fake_runs}[case]
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(fake_runs), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert (info.value.code, captured.out) == (2, "")
+    expected = {"read-only folder": f"{out}: cannot write in {out.parent} (read-only or not yours)",
+                "under a file": f"{out}: {out.parent} is a file, not a folder",
+                "a folder": f"{out} is a folder; give a file name"}[case]
+    assert captured.err == f"fedrcl report: error: --out {expected}\n"
+    assert (tmp_path / "notes.txt").read_text() == "kept" and not list(out.parent.glob("report.md"))

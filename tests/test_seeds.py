@@ -16,9 +16,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from conftest import ACCELERATOR, REPO
 from fedrcl.analysis import seed_curves, summarize_seeds, t_quantile
-from fedrcl.analysis.seed_stats import seed_runs
+from fedrcl.analysis.catalogue import collect_runs, seed_runs
+from fedrcl.analysis.settings import experiment_key
 from fedrcl.cli import main
-from fedrcl.report import collect_runs, experiment_key, render_seed_table
+from fedrcl.report import render_seed_table
 from fedrcl.seeds import fit_args_for_seed, run_name
 
 

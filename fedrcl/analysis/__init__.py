@@ -3,7 +3,13 @@
 - ``metrics``: ``effective_rank``, ``class_covariances``, ``variability_collapse_index``,
   ``deviation_bound`` (pure functions, float64 inside).
 - ``monitor``: ``RepresentationMonitor``, a Lightning callback logging them to TensorBoard every N rounds.
-- ``runs``: ``find_runs``, ``load_scalars`` read runs back from their TensorBoard or CSV logs.
+- ``runs``: ``load_scalars``, ``read_scalars`` read a run's curves back from its TensorBoard or CSV logs (and
+  name a log that cannot be read whole).
+- ``catalogue``: ``find_runs``, ``collect_runs``, ``named_runs``, ``RunResult``: which folders are runs, which
+  versions make one run, its setting, backend and curves: the one idea of a run of ``fedrcl report``,
+  ``fedrcl plot`` and the notebooks. ``settings``: ``run_setting``, ``experiment_key``, ``method_key`` from a saved config.
+- ``grouping``: ``seed_groups``, ``comparisons``, ``pair_by_seed``: runs as seeds of one experiment, methods
+  paired by seed.
 - ``client_evaluation``: ``ClientEvaluation``, a callback measuring the global model on every client's label
   mix and the round's local models (``label_mix_accuracy``, ``spread_summary``: pure functions).
 - ``compare``: ``crossing``: the rounds where one method's curve passes another's (the paper's headline).
@@ -28,9 +34,12 @@ _MODULES = {
     "metrics": ("class_covariances", "deviation_bound", "effective_rank", "variability_collapse_index"),
     "monitor": ("RepresentationMonitor",),
     "plots": ("LEVEL_METRICS", "plot_levels", "plot_partition", "plot_runs", "plot_seed_groups"),
-    "runs": ("find_runs", "load_scalars"),
+    "catalogue": ("RunResult", "collect_runs", "find_runs", "named_runs", "seed_runs", "unread_versions"),
+    "runs": ("load_scalars", "read_scalars"),
+    "grouping": ("comparisons", "pair_by_seed", "seed_groups"),
     "seed_stats": ("SeedSummary", "align", "mean_band", "paired_differences", "seed_curves", "summarize_seeds",
                    "t_quantile", "value_at"),
+    "settings": ("experiment_key", "method_key", "run_setting"),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 

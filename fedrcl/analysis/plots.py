@@ -159,7 +159,8 @@ def plot_seed_groups(groups: Mapping[str, Sequence[Mapping[str, Curve]]],
             if missing:
                 raise ValueError(f"{label}: {len(missing)} of its {len(runs)} runs logged no {tag!r}")
             rounds, values = align([scalars[tag] for scalars in runs])
-            mean, half = mean_band(scale * values, band)
+            with np.errstate(invalid="ignore"):  # a NaN or infinite point leaves a gap (fedrcl plot notes it)
+                mean, half = mean_band(scale * values, band)
             line, = ax.plot(rounds, mean, lw=1.3, label=f"{label} (n={len(runs)})")
             if len(runs) > 1:
                 low, high = mean - half, mean + half

@@ -18,10 +18,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from fedrcl.analysis.runs import Curve, has_logs, load_scalars
+from fedrcl.analysis.runs import Curve, load_scalars
 
-__all__ = ["SeedSummary", "align", "mean_band", "paired_differences", "seed_curves", "seed_runs", "summarize_seeds",
-           "t_quantile", "value_at"]
+__all__ = ["SeedSummary", "align", "mean_band", "paired_differences", "seed_curves", "summarize_seeds", "t_quantile",
+           "value_at"]
 
 # t_{0.975, df} for df = 1..30.
 _T975 = (12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252,
@@ -76,19 +76,6 @@ def summarize_seeds(values: Sequence[float] | np.ndarray) -> SeedSummary:
         return SeedSummary(float(x[0]), math.nan, 1, math.nan)
     std = float(x.std(ddof=1))
     return SeedSummary(float(x.mean()), std, n, t_quantile(n - 1) * std / math.sqrt(n))
-
-
-def seed_runs(path: str | Path) -> list[Path]:
-    """The runs of a seed folder (``fedrcl seeds`` writes ``<name>/seed<k>/version_*``), sorted by name;
-    ``[path]`` when ``path`` is itself one run (it holds ``version_*``) or an event file."""
-    path = Path(path)
-    if path.is_file() or any(path.glob("version_*")):
-        return [path]
-    runs = sorted(p for p in path.iterdir() if p.is_dir() and any(has_logs(v) for v in p.glob("version_*"))) \
-        if path.is_dir() else []
-    if not runs:
-        raise ValueError(f"{path} holds no run (version_* folders) and no seed runs (<seed>/version_*)")
-    return runs
 
 
 def align(curves: Sequence[Curve]) -> tuple[np.ndarray, np.ndarray]:
