@@ -8,6 +8,7 @@
     fedrcl report runs          # our runs beside the paper's tables (fedrcl.report)
     fedrcl plot runs            # accuracy and EMA curves per method (fedrcl.plot)
     fedrcl seeds --seeds 0 1 2 --config configs/quickstart.yaml     # one fit per seed (fedrcl.seeds)
+    fedrcl methods              # the client methods and server optimizers: paper, options (fedrcl.methods)
 
 This module reads the subcommand before it imports Lightning: ``fedrcl --help``, a wrong subcommand and
 ``OTHER_SUBCOMMANDS`` (``report``, ``seeds``, ...) never load it; ``fit``, ``validate`` and ``test`` go to
@@ -43,6 +44,9 @@ OTHER_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fedrcl.report", "Markdown tables of our runs beside the FedRCL paper's numbers."),
     "plot": ("fedrcl.plot", "Accuracy and EMA curves of your runs per method, mean and 95% band over seeds."),
     "seeds": ("fedrcl.seeds", "One fit per seed of a config; fedrcl report groups them (mean, std, 95% CI)."),
+    "check": ("fedrcl.check", "Run a method on every backend (sequential, batched, two processes, Flower) and "
+                              "compare the weights: does it give the same numbers everywhere?"),
+    "methods": ("fedrcl.methods", "The client methods and server optimizers, with their paper and options."),
 }
 # The Trainer's subcommands (LightningCLI's, without ``predict``) and their help: the first paragraph of
 # ``FederatedTrainer``'s method docstrings, written here so that ``fedrcl --help`` needs no Lightning.
@@ -170,6 +174,10 @@ def run_subcommand(argv: list[str], args: list[str] | None) -> None:
     if argv[0] in OTHER_SUBCOMMANDS:
         import_module(OTHER_SUBCOMMANDS[argv[0]][0]).main(argv[1:])
         return
+    if "-h" in argv or "--help" in argv:  # what a run can pick comes first, before Lightning has loaded
+        from fedrcl.methods import short_listing
+
+        print(short_listing(), flush=True)
     from fedrcl.federated.preemption import Preempted
     from fedrcl.lightning_cli import FedRCLCLI, build_cli, remove_failed_start
 

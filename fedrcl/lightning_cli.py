@@ -33,6 +33,7 @@ from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.datasets import dataset_info
 from fedrcl.federated.checkpoint import check_readable
 from fedrcl.federated.trainer import OWNED_BY_ROUNDS, FederatedTrainer
+from fedrcl.methods import unknown_option
 from fedrcl.output import quiet_when_closed
 
 EVALUATIONS = ("validate", "test")
@@ -258,6 +259,12 @@ def parse_error_text(message: str) -> str:
         given = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")), "?")
         cause = next((lines[i + 1] for i, line in enumerate(lines[:-1])
                       if line.startswith("- Problem with given class_path")), "")
+        unknown = re.fullmatch(r"Option '(\w+)' is not accepted", cause)
+        nested = re.fullmatch(r"NestedArg\(key='([\w.]+)', val='(.*)'\)", given)
+        class_path = re.search(r"Problem with given class_path '([\w.]+)'", message)
+        if unknown and class_path:  # --model.lambda: an option the chosen class does not take
+            typed = f"--{key}.{nested.group(1)} {nested.group(2)}" if nested else f"--{key} {given}"
+            return f"{typed}: {unknown_option(class_path.group(1), unknown.group(1))}"
         return f"--{key} {given}: not a class fedrcl can import ({cause})"
     return "\n".join(lines[:6])
 

@@ -1,6 +1,7 @@
 """End to end through ``fedrcl fit`` on digits: logging, checkpoints, resume, one model object."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,79 @@ def test_a_terminals_bar_shows_elapsed_and_time_left(data_root, tmp_path, monkey
     assert "Round 1/2 (elapsed 0:00, left ?)" in bar
     assert re.search(r"Round 2/2 \(elapsed \d+:\d\d, left \d+:\d\d\)", bar), bar[-2000:]
     assert "fedrcl: 2/2 rounds in " in sys.stderr.getvalue()
+
+
+# -- what a run can pick -------------------------------------------------------------------------------------
+def test_fedrcl_methods_lists_methods_and_servers_with_paper_and_options_without_lightning():
+    """``fedrcl methods``: every client method and server optimizer, its paper and its options with their
+    defaults (the paper's lambda is FedRCL's ``threshold``), read from the source: no torch, no Lightning,
+    well under a second."""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+    from fedrcl.methods import entries, listing
+
+    script = ("import sys, time\nfrom fedrcl.cli import main\nstart = time.perf_counter()\nmain(['methods'])\n"
+              "print('seconds', time.perf_counter() - start)\n"
+              "print('loaded', [m for m in ('lightning', 'torch') if m in sys.modules])\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert out.strip().splitlines()[-1] == "loaded []", out[-500:]
+    assert float(out.strip().splitlines()[-2].split()[1]) < 1.0, out[-500:]
+    assert '  FedRCL      Seo et al., "Relaxed Contrastive Learning for Federated Learning", CVPR 2024' in out
+    assert re.search(r"^      threshold 0\.7 +lambda: same-class pairs", out, re.M), out
+    assert re.search(r"^      mu 0\.001 +weight of the proximal term", out, re.M), out
+    assert re.search(r"^  FedACG +Kim, Kim and Han, .*CVPR 2024\n      lam 0\.85 ", out, re.M), out
+    servers = [e.name for e in entries("server")]
+    assert servers[0] == "FedAvg" and {"FedAvgM", "FedAdam", "FedYogi", "FedAdagrad", "FedACG"} <= set(servers)
+    assert not {"ServerOptimizer", "StatefulServer", "FedOpt"} & set(servers)  # left to subclasses
+    adagrad = next(e for e in entries("server") if e.name == "FedAdagrad")
+    assert [o.name for o in adagrad.options] == ["eta", "beta1", "tau"]  # FedOpt's, which it inherits
+    assert listing() == out[:out.index("\nseconds ")]
+
+
+def test_methods_lists_what_fit_help_offers():
+    """The same classes as ``fedrcl fit --help``'s choices (``selectable``), in ``__all__``'s order."""
+    import fedrcl.algorithms
+    import fedrcl.server
+    from fedrcl.lightning_cli import selectable
+    from fedrcl.methods import entries
+
+    for package, module in (("algorithms", fedrcl.algorithms), ("server", fedrcl.server)):
+        offered = {name for name in module.__all__ if selectable(f"fedrcl.{package}.{name}")}
+        assert {e.name for e in entries(package)} == offered, package
+
+
+def test_an_unknown_model_option_names_the_methods_options_and_the_closest(capsys):
+    """``--model.lambda`` (jsonargparse: ``NestedArg(key='lambda', ...)`` "not a class fedrcl can import"):
+    one line naming FedRCL's options and ``threshold``, the paper's lambda; a misspelling gets its option."""
+    from conftest import REPO
+    from fedrcl.cli import main
+
+    for typed, meant in ((["--model.lambda", "0.5"], "threshold (lambda: same-class pairs at least this similar "
+                                                        "are pushed apart)"),
+                         (["--model.init_args.temprature=0.1"], "temperature (tau of the contrastive terms)")):
+        with pytest.raises(SystemExit) as info:
+            main(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), *typed])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        first = err.splitlines()[0]
+        assert first.startswith("fedrcl fit: error: --model.") and "NestedArg" not in err, err
+        assert f"; did you mean {meant}? Its options: temperature, threshold, beta, " in first, first
+        assert "lr, lr_decay" in first and "num_classes" not in first, first
+
+
+def test_fit_help_starts_with_the_methods_and_server_optimizers(capsys):
+    from fedrcl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    out = capsys.readouterr().out
+    head = out.splitlines()[:30]
+    assert head[0] == "Client methods (--model fedrcl.algorithms.<Name>):", head
+    assert any(line.startswith("  FedRCL      Seo et al.") for line in head), head
+    assert any(line.startswith("Server optimizers (--trainer.server fedrcl.server.<Name>") for line in head), head
+    assert out.index("usage: fedrcl") > out.index("  FedAvgM ")
