@@ -53,8 +53,6 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from fedrcl.analysis.catalogue import EMA_TAG, RunResult, collect_runs, unread_versions
-from fedrcl.analysis.output import out_file_problem, write_text
-from fedrcl.analysis.runs import Curve
 from fedrcl.analysis.grouping import (
     comparison_rounds,
     comparisons,
@@ -65,6 +63,8 @@ from fedrcl.analysis.grouping import (
     seed_groups,
     seed_order,
 )
+from fedrcl.analysis.output import out_file_problem, write_text
+from fedrcl.analysis.runs import Curve
 from fedrcl.analysis.seed_stats import align, paired_differences, summarize_seeds, value_at
 from fedrcl.analysis.settings import SEED_KEYS
 from fedrcl.errors import command_error
@@ -120,6 +120,7 @@ def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_S
             cells += _seed_cells(group, tag)
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
+    out += _shared_folders(groups, root)
     if not rounds:
         return out
     out += ["The same at the rounds asked for (`--rounds`), each over the runs that logged that round: mean ± "
@@ -142,6 +143,17 @@ def _group_where(group: Sequence[RunResult], root: Optional[Path], backend: bool
     where = ", ".join(sorted({_where(r.path.parent if r.path.name.startswith("seed") else r.path, root)
                               for r in group}))
     return f"{where} on {group[0].backend}" if backend else where
+
+
+def _shared_folders(groups: Sequence[Sequence[RunResult]], root: Optional[Path]) -> list[str]:
+    """A line per folder whose runs are several experiments (a second method or a Flower run written into it),
+    saying what tells them apart, so that one name in the table above is not read as one experiment."""
+    by_folder: dict[str, list[RunResult]] = {}
+    for group in groups:
+        by_folder.setdefault(_group_where(group, root), []).append(group[0])
+    notes = [f"- `{_md(where)}` holds {len(firsts)} experiments, differing in {', '.join(differences(firsts))}."
+             for where, firsts in by_folder.items() if len(firsts) > 1]
+    return notes + [""] if notes else []
 
 
 def _backends(runs: Sequence[RunResult]) -> dict[str, int]:

@@ -613,6 +613,7 @@ def test_a_flower_run_a_fit_run_and_two_methods_in_one_folder_never_merge(tmp_pa
     assert [(where, cells[0], cells[2]) for where, cells in seeds.items()] == [
         ("quickstart on fedrcl fit", "FedAvg", "1"), ("quickstart on Flower", "FedRCL", "1")]  # rows_of: last wins
     assert markdown.count("| quickstart on fedrcl fit | FedRCL |") == 1
+    assert "\n- `quickstart` holds 3 experiments, differing in method, beta, backend.\n" in markdown
     paired = markdown.split("## Paired by seed\n", 1)[1].split("\n## ", 1)[0]
     assert [line for line in paired.splitlines() if line.startswith("### ")] == [
         "### FedRCL (quickstart on fedrcl fit) against FedAvg (quickstart on fedrcl fit)"]
