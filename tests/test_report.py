@@ -558,16 +558,22 @@ def test_report_names_an_event_file_it_cannot_read_whole(tmp_path, capsys, damag
         load_scalars(tmp_path / "runs" / "damaged")
 
 
-def test_report_names_a_metrics_csv_that_is_not_one(tmp_path):
+def test_report_names_a_metrics_csv_and_a_config_it_cannot_read(tmp_path):
+    """A ``metrics.csv`` with a value that is no number, a ``config.yaml`` that is no YAML: named with why (they
+    were tracebacks)."""
     config = fake_config("cifar10", backbone="SmallCNN")
     version = tmp_path / "csv_run" / "version_0"
     version.mkdir(parents=True)
     (version / "config.yaml").write_text(yaml.safe_dump(config))
     (version / "metrics.csv").write_text("epoch,step,val/acc_ema\n0,1,0.1\n0,2,0.2\n0,3,abc\n")
+    fake_version(tmp_path / "bad_yaml" / "version_0", config, {1: 0.5})
+    (tmp_path / "bad_yaml" / "version_0" / "config.yaml").write_text("trainer: [rounds: 2\n")
     (run,) = collect_runs(tmp_path)
     assert run.curves["val/acc_ema"][0].tolist() == [1, 2]
     assert run.problems == ((version / "metrics.csv", "not a CSVLogger metrics.csv from line 4 on (could not "
                              "convert string to float: 'abc'); the rows before it are read"),)
+    ((path, why),) = unread_versions(tmp_path)
+    assert path == tmp_path / "bad_yaml" / "version_0" and why.startswith("config.yaml not readable (")
 
 
 def test_versions_of_one_folder_merge_only_when_they_continue(tmp_path):
