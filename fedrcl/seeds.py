@@ -14,9 +14,12 @@ under the configured logger name plus ``/seed<k>`` (``runs/quickstart/seed0/vers
 ``--parallel 1`` (the default) runs the seeds one after another in this process, exactly as ``fedrcl fit``
 would; ``--parallel N`` runs up to N ``fedrcl fit`` processes at a time, each writing its console output to
 ``<save_dir>/<name>/seed<k>.log`` and, unless ``OMP_NUM_THREADS`` is set, using ``cores // N`` threads.
-The exit status is 1 when any seed failed (the others still run). SIGTERM stops the seeds in progress after
-their round, checkpointed, as it stops ``fedrcl fit``; no other seed starts; one line names the seeds stopped and
-not started and the command that finishes them (the stopped ones with ``--ckpt_path last``); exit status 143.
+Every ``PROGRESS_SECONDS`` it prints one line with each running seed's round, read from its log, and the time
+all seeds will take (``seeds_left``). The exit status is 1 when any seed failed (the others still run). SIGTERM
+stops the seeds in progress after their round, checkpointed, as it stops ``fedrcl fit``; no other seed starts;
+one line names the seeds stopped and not started and the command that finishes them (the stopped ones with
+``--ckpt_path last``); exit status 143. Ctrl-C (SIGINT) does the same, exit status 130: the fits get it from the
+terminal (it is not passed on again, which would be their second one and stop them at once).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -38,7 +42,7 @@ from typing import Any, Optional
 
 import yaml
 
-__all__ = ["fit_args_for_seed", "main", "resolved_config", "run_name"]
+__all__ = ["fit_args_for_seed", "main", "progress_line", "resolved_config", "run_name", "seeds_left"]
 
 DEFAULT_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
 
@@ -98,22 +102,85 @@ class Outcome:
 
 
 class StopSignal:
-    """Records SIGTERM while ``fedrcl seeds`` runs (between fits, and for ``--parallel`` the whole time), so
-    that it ends after the seeds in progress instead of being killed between two of them or starting the next.
-    A fit in this process installs its own handler meanwhile (``fedrcl.federated.preemption``)."""
+    """Records SIGTERM and Ctrl-C while ``fedrcl seeds`` runs (between fits, and for ``--parallel`` the whole
+    time), so that it ends after the seeds in progress instead of being killed between two of them or starting
+    the next; a second Ctrl-C stops it at once. A fit in this process installs its own handlers meanwhile
+    (``fedrcl.federated.preemption``)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
         self.signum: Optional[int] = None
 
     def __enter__(self) -> "StopSignal":
-        self._previous = signal.signal(signal.SIGTERM, self._record)
+        self._previous = {signum: signal.signal(signum, self._record) for signum in self.SIGNALS}
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
 
     def _record(self, signum: int, _: Any) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C: ``fedrcl`` ends in one line
         self.signum = self.signum or signum
+
+
+PROGRESS_SECONDS = 60.0  # --parallel: a line on the running seeds this often
+ROUND_LINE = re.compile(r"^Round (\d+)/(\d+)\s.*?(?:left|run about) ([^)]+)\)\s*$", re.M)
+
+
+def seconds_of(text: str) -> Optional[float]:
+    """``1:02:05`` -> 3725, ``1:15`` -> 75, ``5.8 days`` -> 501120 (``fedrcl.federated.progress``); ``?`` -> None."""
+    text = text.strip()
+    if text.endswith(" days"):
+        return float(text.removesuffix(" days")) * 86400
+    if not re.fullmatch(r"\d+(:\d\d){1,2}", text):
+        return None
+    seconds = 0.0
+    for part in text.split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds
+
+
+def seeds_left(running_left: list[float], waiting: int, seed_seconds: float, parallel: int) -> float:
+    """The time until the last seed ends: each of ``waiting`` seeds takes ``seed_seconds`` and starts when one
+    of the ``parallel`` slots (the running seeds, ``running_left`` seconds from their end) frees up."""
+    slots = sorted([*running_left, *[0.0] * (parallel - len(running_left))])
+    for _ in range(waiting):
+        slots[0] += seed_seconds
+        slots.sort()
+    return max(slots, default=0.0)
+
+
+def progress_line(logs: dict[int, Path], waiting: list[int], parallel: int, elapsed: dict[int, float]) -> str:
+    """``fedrcl seeds: seed 0 round 12/60 (left 0:40), seed 1 round 11/60 (left 0:42); waiting: [2]; all seeds
+    about 1:30 more``, from each running seed's last round line (``elapsed``: how long it has run)."""
+    from fedrcl.federated.progress import days_or_duration
+
+    parts, lefts, totals = [], [], []
+    for seed, log in logs.items():
+        try:
+            with open(log, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+                tail = f.read().decode("utf-8", "replace")
+        except OSError:
+            tail = ""
+        found = list(ROUND_LINE.finditer(tail))
+        if not found:
+            parts.append(f"seed {seed} starting")
+            continue
+        done, rounds, left_text = found[-1].groups()
+        parts.append(f"seed {seed} round {done}/{rounds} (left {left_text.strip()})")
+        left = seconds_of(left_text)
+        if left is not None:
+            lefts.append(left)
+            totals.append(elapsed[seed] + left)
+    line = f"fedrcl seeds: {', '.join(parts)}" + (f"; waiting: {waiting}" if waiting else "")
+    if lefts and len(lefts) == len(logs):  # every running seed has an estimate: the one of all seeds
+        left = seeds_left(lefts, len(waiting), sum(totals) / len(totals), parallel)
+        line += f"; all seeds about {days_or_duration(left)} more"
+    return line
 
 
 def _run_in_process(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
@@ -160,20 +227,28 @@ def _run_processes(runs: dict[int, list[str]], parallel: int, log_dir: Path, sto
     log_dir.mkdir(parents=True, exist_ok=True)
     pending, outcome = list(runs.items()), Outcome()
     running: dict[int, tuple[subprocess.Popen[bytes], io.TextIOWrapper]] = {}
+    started: dict[int, float] = {}
     passed_on: Optional[int] = None  # the stop signal passed on to the running fits
+    reported = time.monotonic()
     while pending or running:
         if stop.signum is not None and passed_on is None:
             outcome.signum, outcome.not_started, pending = stop.signum, [s for s, _ in pending], []
             passed_on = stop.signum
             for proc, _ in running.values():
-                proc.send_signal(stop.signum)
+                if stop.signum != signal.SIGINT:  # Ctrl-C reached them from the terminal already
+                    proc.send_signal(stop.signum)
         while pending and len(running) < parallel:
             seed, args = pending.pop(0)
             log = open(log_dir / f"seed{seed}.log", "a", encoding="utf-8")
             print(f"fedrcl seeds: seed {seed} started (log: {log.name})", flush=True)
             proc = subprocess.Popen([sys.executable, "-m", "fedrcl.cli", "fit", *args], stdout=log,
                                     stderr=subprocess.STDOUT, env=env)
-            running[seed] = proc, log
+            running[seed], started[seed] = (proc, log), time.monotonic()
+        if running and time.monotonic() - reported >= PROGRESS_SECONDS:
+            reported = time.monotonic()
+            logs = {seed: Path(log.name) for seed, (_, log) in running.items()}
+            print(progress_line(logs, [s for s, _ in pending], parallel,
+                                {seed: reported - started[seed] for seed in running}), flush=True)
         for seed, (proc, log) in list(running.items()):
             if proc.poll() is not None:
                 log.close()

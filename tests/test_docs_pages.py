@@ -15,6 +15,9 @@ import pytest
 from conftest import REPO
 
 DOCS = REPO / "docs"
+# Screenshots in the pages -> the commands that made what they show.
+SCREENSHOTS = {"tensorboard_accuracy_first.png": ("fedrcl fit --config configs/quickstart.yaml",
+                                                  "tensorboard --logdir runs")}
 
 
 def _figure_commands(text: str) -> dict[str, str]:
@@ -35,6 +38,10 @@ def test_readme_and_getting_started_figures_are_drawn_by_fedrcl_plot_with_its_co
         images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
         assert images, page
         for image in images:
+            if image in SCREENSHOTS:  # not a plot: the commands that showed it, just above it
+                above = " ".join(text[:text.index(f"]({image})")].rsplit("\n\n", 2)[-2].split())
+                assert all(c in above for c in SCREENSHOTS[image]), (page.name, image)
+                continue
             out = str((base / image).relative_to(REPO).with_suffix(""))
             assert out in commands, (page.name, image, list(commands))
     command = _figure_commands((REPO / "README.md").read_text(encoding="utf-8"))["docs/results_cnn_seeds"]
@@ -100,3 +107,27 @@ def test_the_headless_notebook_command_of_the_analysis_page_runs(tmp_path):
     assert any("image/png" in out.get("data", {}) for cell in executed.cells if cell.cell_type == "code"
                for out in cell.outputs)
     assert (tmp_path / "data" / "digits.npz").is_file()  # ../data from notebooks/: the clone's data/
+
+
+def test_readme_and_landing_page_give_both_width_8_headlines():
+    """The README and the docs' landing page say the same two things about width 8: the three seeds at round
+    500 and the one seed run on to round 1000."""
+    for page in (REPO / "README.md", DOCS / "index.md"):
+        text = " ".join(page.read_text(encoding="utf-8").split())
+        for fact in ("143", "118", "116", "+6.63", "[4.02, 9.23]", "56.19 against 49.56", "round 1000",
+                     "+0.86 (64.43 against 63.56)"):
+            assert fact in text, (page.name, fact)
+
+
+def test_first_contact_pages_say_what_a_new_user_meets():
+    """Ctrl-C, the torch/torchvision line, the GPU-sized warning, ``fedrcl methods`` and the TensorBoard
+    screenshot are where a new user reads."""
+    started = " ".join((DOCS / "getting-started.md").read_text(encoding="utf-8").split())
+    for said in ("are builds that do not work together", "fedrcl: warning: this run would train for about",
+                 "configs/cpu/cifar10_a01_resnet8.yaml", "a second Ctrl-C stops it at once", "fedrcl methods",
+                 "--data.root", "cifar10.npz"):
+        assert said in started, said
+    assert (DOCS / "tensorboard_accuracy_first.png").is_file()
+    reliability = (DOCS / "reliability.md").read_text(encoding="utf-8")
+    row = next(line for line in reliability.splitlines() if line.startswith("| Ctrl-C (SIGINT)"))
+    assert "status 130" in row and "stopped by a second SIGINT" in row and "bitwise" in row

@@ -379,8 +379,7 @@ def tensorboard_order(tags: list[str]) -> list[tuple[str, list[str]]]:
 
 def test_tensorboard_opens_on_accuracy_and_its_ema(data_root, tmp_path):
     """The first group of TensorBoard's default tab (Time Series; it opens the first two) holds ``val/acc``
-    and ``val/acc_ema`` (under ``accuracy/``, titled without it), the same values as the tags every reader
-    keeps reading."""
+    and ``val/acc_ema`` (under ``accuracy/``), the same values as the tags every reader keeps reading."""
     from fedrcl.analysis import load_scalars
 
     cli = run_cli(data_root, tmp_path, rounds=2)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import shlex
 import subprocess
 import sys
@@ -187,6 +188,21 @@ def test_sigterm_stops_the_seed_in_progress_and_starts_no_other(data_root, tmp_p
     assert commands == [*resume, f"fedrcl seeds --seeds 1 2 {shlex.join(args)}"]
 
 
+def test_ctrl_c_stops_the_seed_in_progress_after_its_round_and_starts_no_other(data_root, tmp_path, capsys):
+    """Ctrl-C as SIGTERM (Lightning alone would end the seed with status 1 and start the next): exit status
+    130 and the line that finishes the seeds."""
+    args = [*fit_args(data_root, tmp_path, "fedrcl.algorithms.FedAvg"), "--trainer.rounds", "3",
+            *SIGTERM_IN_ROUND, "2", "--trainer.callbacks.init_args.signal=SIGINT"]
+    with pytest.raises(SystemExit) as stop:
+        main(["seeds", "--seeds", "0", "1", *args])
+    err = capsys.readouterr().err
+    assert stop.value.code == 130, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("fedrcl seeds: stopped by SIGINT (seed 0 after round 2/3, checkpoint "), line
+    assert "stopped after a round: [0], not started: [1]" in line and "Traceback" not in err
+    assert sorted(p.name for p in (tmp_path / "FedAvg").iterdir()) == ["seed0"]
+
+
 @pytest.mark.slow
 def test_sigterm_to_parallel_seeds_reaches_the_running_fits(data_root, tmp_path):
     """``--parallel 2``: SIGTERM to ``fedrcl seeds`` alone is passed on to both running fits, which stop after
@@ -222,14 +238,23 @@ def test_sigterm_to_parallel_seeds_reaches_the_running_fits(data_root, tmp_path)
 
 
 @pytest.mark.slow
-def test_parallel_seeds_run_as_processes(data_root, tmp_path, monkeypatch):
+def test_parallel_seeds_run_as_processes(data_root, tmp_path, monkeypatch, capsys):
+    """``--parallel 2``: two ``fedrcl fit`` processes, and lines on their progress (here at every poll)."""
+    from fedrcl import seeds
+
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the children import this checkout's fedrcl
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     args = [a if a != "2" else "1" for a in fit_args(data_root, tmp_path, "fedrcl.algorithms.FedAvg")]
     started = []
     popen = subprocess.Popen
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a[0]) or popen(*a, **k))
+    monkeypatch.setattr(seeds, "PROGRESS_SECONDS", 0.0)  # a progress line at every poll
     main(["seeds", "--seeds", "3", "4", "--parallel", "2", *args])
+    progress = [line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("fedrcl seeds: seed 3 ") and ", seed 4 " in line]
+    assert progress and progress[0].startswith("fedrcl seeds: seed 3 starting, seed 4 "), progress
+    assert any(re.fullmatch(r"fedrcl seeds: seed 3 round 1/1 \(left 0:00\), .*; all seeds about 0:00 more", line)
+               for line in progress), progress
     fits = [cmd for cmd in started if "fedrcl.cli" in cmd]
     assert [cmd[:4] for cmd in fits] == [[sys.executable, "-m", "fedrcl.cli", "fit"]] * 2
     for seed in (3, 4):
@@ -258,3 +283,27 @@ def test_paper_cells_show_the_mean_over_seeds(tmp_path):
     (row,) = seeds.values()
     assert row[2:4] == ["3", "0,1,2 / 0,1,2 / None"]
     assert row[4] == "52.00 ± 2.00 @600"
+
+
+def test_parallel_progress_reads_the_round_lines_and_adds_up_the_time_left(tmp_path):
+    """``--parallel``'s progress line: each running seed's last round line (also the first round's early line),
+    and the time until the last seed ends, the waiting seeds taking the running ones' mean time."""
+    from fedrcl.seeds import progress_line, seconds_of, seeds_left
+
+    assert [seconds_of(t) for t in ("1:02:05", "1:15", "5.8 days", "?")] == [3725, 75, 5.8 * 86400, None]
+    assert seeds_left([10.0, 40.0], waiting=1, seed_seconds=100.0, parallel=2) == 110.0
+    assert seeds_left([10.0], waiting=3, seed_seconds=100.0, parallel=2) == 200.0  # a free slot starts one now
+    assert seeds_left([], waiting=0, seed_seconds=0.0, parallel=2) == 0.0
+    (tmp_path / "seed0.log").write_text("Seed set to 0\nRound 1/60  val/acc 0.1  val/acc_ema 0.1  "
+                                        "(0.41 s; elapsed 0:10, left 9:50)\nRound 2/60  val/acc 0.2  "
+                                        "val/acc_ema 0.11  (0.41 s; elapsed 0:20, left 9:40)\n")
+    (tmp_path / "seed1.log").write_text("Round 1/60  step 3/250 in 0:07  (2.01 s a step; round about 8:22, run "
+                                        "about 5.8 days)\n")
+    logs = {0: tmp_path / "seed0.log", 1: tmp_path / "seed1.log"}
+    line = progress_line(logs, [2], 2, {0: 20.0, 1: 7.0})
+    # seed 2 waits for seed 0's slot (9:40) and takes the mean (2.9 days): seed 1 (5.8 days) ends last
+    assert line == ("fedrcl seeds: seed 0 round 2/60 (left 9:40), seed 1 round 1/60 (left 5.8 days); waiting: [2]; "
+                    "all seeds about 5.8 days more")
+    (tmp_path / "seed1.log").write_text("Seed set to 1\n")
+    assert progress_line(logs, [], 2, {0: 20.0, 1: 1.0}) == \
+        "fedrcl seeds: seed 0 round 2/60 (left 9:40), seed 1 starting"

@@ -9,9 +9,8 @@ first, then the loss and its parts, the learning rate, the seconds per round and
 
 TensorBoard opens on its Time Series tab, whose groups of cards (a tag's first ``/`` part) come in name order
 with the first two expanded: ``comm/`` and ``time/``, with ``val/`` last and collapsed. So each evaluation
-also writes ``val/acc`` and ``val/acc_ema`` under ``accuracy/`` (``ACCURACY_FIRST``): the first group, whose
-cards TensorBoard titles ``val/acc`` and ``val/acc_ema``, open above the others in the Time Series and Scalars
-tabs. Only TensorBoard shows the copies: ``fedrcl report``, ``fedrcl plot``, the notebooks and the configs keep
+also writes ``val/acc`` and ``val/acc_ema`` under ``accuracy/`` (``ACCURACY_FIRST``): the first group, open
+above the others in the Time Series and Scalars tabs (``docs/tensorboard_accuracy_first.png``). Only TensorBoard shows the copies: ``fedrcl report``, ``fedrcl plot``, the notebooks and the configs keep
 reading and monitoring ``val/acc`` and ``val/acc_ema``, the one name of each metric.
 """
 from __future__ import annotations
