@@ -38,8 +38,10 @@ __all__ = ["EMA_TAG", "FIT", "FLOWER", "RunResult", "backend_of", "collect_runs"
 
 EMA_TAG = "val/acc_ema"
 """The accuracy EMA the paper's tables report."""
-FIT, FLOWER = "fedrcl fit", "Flower"
-"""The backends a run can be told by: ``fedrcl fit`` (sequential, batched or several processes) and Flower."""
+FIT = "fedrcl fit"
+"""The backend of a run of ``fedrcl fit`` (sequential, batched clients or several processes)."""
+FLOWER = "Flower"
+"""The backend of a run of fedrcl's Flower ServerApp (simulation or deployment)."""
 
 
 @dataclass
