@@ -93,7 +93,8 @@ def _exports(package: str) -> dict[str, str]:
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"fedrcl.{package}."):
             modules.update({alias.asname or alias.name: node.module.rsplit(".", 1)[1] for alias in node.names})
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                  for t in node.targets):
             exported = list(ast.literal_eval(node.value))
     return {name: modules[name] for name in exported if name in modules}
 
@@ -104,7 +105,8 @@ def _leaves_to_subclasses(function: ast.FunctionDef) -> bool:
 
 
 def entries(package: str) -> list[Entry]:
-    """The classes of ``fedrcl.<package>`` (``algorithms`` or ``server``) a run can pick, in ``__all__``'s order."""
+    """The classes of ``fedrcl.<package>`` (``algorithms`` or ``server``) a run can pick: FedAvg (the default)
+    first, then in ``__all__``'s order."""
     classes: dict[str, tuple[ast.ClassDef, ast.Module]] = {}
     for path in sorted((PACKAGE / package).glob("*.py")):
         module = ast.parse(path.read_text(encoding="utf-8"))
@@ -130,17 +132,18 @@ def entries(package: str) -> list[Entry]:
         node, _ = classes[name]
         init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
         if init is None:
-            return next((found for b in node.bases if (found := options(ast.unparse(b).split(".")[-1]))), ())
+            return next((inherited for b in node.bases if (inherited := options(ast.unparse(b).split(".")[-1]))),
+                        ())
         texts = args_section(ast.get_docstring(node))
         args = init.args.args[1:]
         defaults = [None] * (len(args) - len(init.args.defaults)) + list(init.args.defaults)
-        found = []
+        own: list[Option] = []
         for arg, default in [*zip(args, defaults), *zip(init.args.kwonlyargs, init.args.kw_defaults)]:
             if arg.arg not in LINKED:
                 shown = None if default is None else ast.unparse(default)
-                found.append(Option(arg.arg, YAML_WORDS.get(shown, shown) if shown else None,
-                                    texts.get(arg.arg, "").replace("``", "")))
-        return tuple(found)
+                own.append(Option(arg.arg, YAML_WORDS.get(shown, shown) if shown else None,
+                                  texts.get(arg.arg, "").replace("``", "")))
+        return tuple(own)
 
     found = []
     for name, stem in _exports(package).items():

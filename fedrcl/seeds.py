@@ -131,7 +131,8 @@ ROUND_LINE = re.compile(r"^Round (\d+)/(\d+)\s.*?(?:left|run about) ([^)]+)\)\s*
 
 
 def seconds_of(text: str) -> Optional[float]:
-    """``1:02:05`` -> 3725, ``1:15`` -> 75, ``5.8 days`` -> 501120 (``fedrcl.federated.progress``); ``?`` -> None."""
+    """``1:02:05`` -> 3725, ``1:15`` -> 75, ``5.8 days`` -> 501120 (as ``fedrcl.federated.progress`` writes
+    them); ``?`` -> None."""
     text = text.strip()
     if text.endswith(" days"):
         return float(text.removesuffix(" days")) * 86400

@@ -314,7 +314,8 @@ def test_the_time_of_a_run_and_when_it_is_worth_a_warning():
     paper = long_run_warning(run_seconds(1.0, 250, 1000), "1 s a step", "cpu", "cifar10")
     assert paper is not None and "about 2.9 days on this cpu (1 s a step;" in paper, paper
     assert paper.endswith("configs/cpu/cifar10_a01_cnn.yaml, configs/cpu/cifar10_a01_resnet8.yaml"), paper
-    assert cpu_scale_configs("cifar10") == ["configs/cpu/cifar10_a01_cnn.yaml", "configs/cpu/cifar10_a01_resnet8.yaml"]
+    assert cpu_scale_configs("cifar10") == ["configs/cpu/cifar10_a01_cnn.yaml",
+                                            "configs/cpu/cifar10_a01_resnet8.yaml"]
     other = long_run_warning(run_seconds(1.0, 250, 1000), "1 s a step", "cpu", "cifar100")
     assert other is not None and "no CPU-scale config of cifar100" in other and "--trainer.rounds" in other
     gpu = long_run_warning(2 * 86400, "0.3 s a step", "cuda", "cifar10")
@@ -333,8 +334,8 @@ def test_a_run_of_weeks_says_so_from_its_first_steps(data_root, tmp_path, capsys
 
     monkeypatch.setattr(progress, "FIRST_LINE_SECONDS", 0.0)
     with pytest.raises(Preempted):
-        run_cli(data_root, tmp_path, "--trainer.callbacks+=faults.SignalAt", "--trainer.callbacks.init_args.round=1",
-                "--trainer.callbacks.init_args.step=3", rounds=10_000_000)
+        run_cli(data_root, tmp_path, "--trainer.callbacks+=faults.SignalAt",
+                "--trainer.callbacks.init_args.round=1", "--trainer.callbacks.init_args.step=3", rounds=10_000_000)
     err = capsys.readouterr().err.splitlines()
     first = next(i for i, line in enumerate(err) if line.startswith("Round 1/10000000"))
     assert re.fullmatch(r"Round 1/10000000  step 2/\d+ in 0:0\d  \([\d.e-]+ s a step; round about 0:0\d, "

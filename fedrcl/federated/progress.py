@@ -227,7 +227,8 @@ class RoundReport:
         self._pace_said = True
         step_seconds, total, rounds = (now - self._first_step_end) / batch_idx, trainer.num_training_batches, \
             trainer.max_epochs
-        assert isinstance(total, int) and rounds is not None  # a round's steps and trainer.rounds, during fit
+        if not isinstance(total, int) or rounds is None:  # a round of unknown length: no estimate
+            return
         if self.print_first_steps:
             print(first_steps_line(trainer, batch_idx + 1, step_seconds, elapsed), file=sys.stderr, flush=True)
         seconds = run_seconds(step_seconds, total, rounds - trainer.current_epoch, batch_idx + 1)
@@ -242,7 +243,8 @@ class RoundReport:
         assert trainer.max_epochs is not None  # an int during fit
         seconds = self.clock.round_seconds()
         self._warn_if_long(trainer, seconds * (trainer.max_epochs - trainer.current_epoch - 1),
-                           f"{duration(seconds)} for round {trainer.current_epoch + 1}, {trainer.max_epochs} rounds")
+                           f"{duration(seconds)} for round {trainer.current_epoch + 1}, "
+                           f"{trainer.max_epochs} rounds")
 
     def _warn_if_long(self, trainer: L.Trainer, seconds: float, pace: str) -> None:
         accelerator = type(trainer.accelerator).__name__.removesuffix("Accelerator").lower()
