@@ -36,27 +36,9 @@ from collections.abc import Sequence
 from importlib import import_module
 from typing import Any, Optional
 
+from fedrcl.commands import DESCRIPTION, OTHER_SUBCOMMANDS, TRAINER_SUBCOMMANDS
 from fedrcl.errors import disk_error, fedrcl_error, with_typed_key
 from fedrcl.torch_builds import import_problem, pair_problem
-
-# Subcommands that are not Trainer methods: name -> (module whose ``main(argv)`` runs it, one-line help).
-OTHER_SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "report": ("fedrcl.report", "Markdown tables of our runs beside the FedRCL paper's numbers."),
-    "plot": ("fedrcl.plot", "Accuracy and EMA curves of your runs per method, mean and 95% band over seeds."),
-    "seeds": ("fedrcl.seeds", "One fit per seed of a config; fedrcl report groups them (mean, std, 95% CI)."),
-    "check": ("fedrcl.check", "Run a method on every backend (sequential, batched, two processes, Flower) and "
-                              "compare the weights: does it give the same numbers everywhere?"),
-    "methods": ("fedrcl.methods", "The client methods and server optimizers, with their paper and options."),
-}
-# The Trainer's subcommands (LightningCLI's, without ``predict``) and their help: the first paragraph of
-# ``FederatedTrainer``'s method docstrings, written here so that ``fedrcl --help`` needs no Lightning.
-TRAINER_SUBCOMMANDS: dict[str, str] = {
-    "fit": "Train the federation round by round, evaluating and checkpointing the global model.",
-    "validate": "Evaluate a checkpoint's global model on the test set (``val/acc``, and the checkpoint's "
-                "accuracy EMA).",
-    "test": "Evaluate a checkpoint's global model on the test set, logged as ``test/acc``.",
-}
-DESCRIPTION = "FedRCL and its baselines: federated learning runs."
 
 
 class CommandParser(argparse.ArgumentParser):

@@ -7,7 +7,8 @@ Each touches one thing whose timing or meaning was once a driver's choice:
   average of the clients' classifier biases, sent to every client, which pulls its mean logits towards it);
 - ``StepsWeightedPrior``: the same average weighted by ``1 / client.num_steps`` in ``receive_upload``;
 - ``ClientFactsLoss``: a loss that reads its own ``self.client`` (id and sample count);
-- ``PerClientScale``, ``KeepsLoss``, ``BranchesOnClient``: what batched clients cannot run the same way, refused.
+- ``PerClientScale``, ``KeepsLoss``, ``BranchesOnClient``, ``DataInLoss``: what batched clients cannot run the
+  same way, refused.
 """
 from __future__ import annotations
 
@@ -99,3 +100,13 @@ class BranchesOnClient(FedAvg):
         assert client is not None
         ce = F.cross_entropy(out.logits, y)
         return (2 * ce if client.client_id % 2 else ce), {"ce": ce}
+
+
+class DataInLoss(FedAvg):
+    """Reads its client's labels inside ``client_loss`` (its own data: batched, one call serves every client)."""
+
+    def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        client = self.client
+        assert client is not None and client.data is not None
+        ce = F.cross_entropy(out.logits, y)
+        return ce * (1 + client.data.labels.float().mean() / 100), {"ce": ce}

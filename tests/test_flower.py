@@ -6,7 +6,8 @@ FedRCL + FedACG (look-ahead and client term) and the methods that exchange more 
 (``c`` down, ``delta c_i`` up, ``c_i`` on the node), FedDyn (sample counts to the server half, the dual on
 the node) and FedProc (prototypes down, class feature sums up): ``fedrcl fit`` in this process, and all the
 runs through one Flower simulation (Ray) in a subprocess with a timeout, whose process group is ended
-whatever happens.
+whatever happens; it starts with one busy process per core beside it (Ray's start once hung on a loaded
+machine).
 """
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -34,7 +37,8 @@ from fedrcl.flower.localhost import LocalDeployment  # noqa: E402
 
 TUTORIAL = REPO / "docs" / "tutorial"  # the tutorial's methods, a file outside the package
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1",
-              "RAY_DEDUP_LOGS": "0", "PYTHONPATH": os.pathsep.join([str(TUTORIAL), os.environ.get("PYTHONPATH", "")])}
+              "RAY_DEDUP_LOGS": "0",
+              "PYTHONPATH": os.pathsep.join([str(TUTORIAL), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
 ROUNDS = 3
 RESUMED = ["scaffold", "moon"]  # resumed on Flower, reading the node files of their checkpoint's manifest
 METHODS = {  # name: (client algorithm, overlays)
@@ -52,6 +56,12 @@ METHODS = {  # name: (client algorithm, overlays)
     "tutorial_counts": ("my_method.MyMethodWithCounts", []),
     "tutorial_server_lr": ("my_method.MyMethod", ["--trainer.server", "my_method.ServerLR",
                                                   "--trainer.server.eta", "1.5"]),
+    # methods unlike the shipped ones (tests/semantics_methods.py): a downlink changed in receive_upload, a
+    # receive_upload that divides by the client's steps, a loss that reads its client's facts (in float64:
+    # the run's precision reaches the nodes and the server's evaluation)
+    "running_prior": ("semantics_methods.RunningPrior", []),
+    "steps_prior": ("semantics_methods.StepsWeightedPrior", []),
+    "client_facts": ("semantics_methods.ClientFactsLoss", ["--trainer.precision", "64-true"]),
 }
 
 
@@ -69,6 +79,44 @@ def run_process(command: list[str], timeout: float, cwd: Path) -> subprocess.Com
     """Run ``command`` with Flower's telemetry off, in its own process group (``run_in_process_group``)."""
     out = run_in_process_group(command, timeout, cwd, {**os.environ, **FLOWER_ENV})
     return subprocess.CompletedProcess(command, 0, out)
+
+
+STARTED = "answered in"  # the simulation's line once Ray and every node are up
+
+
+def run_beside_busy_cores(command: list[str], cwd: Path, started: str, start_timeout: float = 240.0,
+                          timeout: float = 600.0) -> str:
+    """Run ``command`` (in a process group of its own) with one busy process per core beside it until its
+    output shows ``started``: Ray's start on a loaded machine hung for minutes once. Fails if it has not
+    started within ``start_timeout`` seconds or has not finished within ``timeout``; returns its output."""
+    log = cwd / "simulation.out"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **FLOWER_ENV}, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    busy = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(os.cpu_count() or 2)]
+    try:
+        begun = time.monotonic()
+        while started not in log.read_text() and proc.poll() is None:
+            if time.monotonic() - begun > start_timeout:
+                pytest.fail(f"the simulation did not start in {start_timeout} s with every core busy:\n"
+                            f"{log.read_text()[-4000:]}")
+            time.sleep(1)
+        for process in busy:
+            process.kill()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the simulation did not finish in {timeout} s:\n{log.read_text()[-4000:]}")
+        text = log.read_text()
+        assert proc.returncode == 0, text[-4000:]
+        return text
+    finally:
+        for process in busy:
+            process.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +139,7 @@ def runs(data_root, tmp_path_factory):
         every += [args, longer]
     script = ("import json, sys; from fedrcl.flower.simulation import simulate; "
               "runs = json.loads(sys.argv[1]); simulate(runs[0], more=runs[1:])")
-    out = run_process([sys.executable, "-c", script, json.dumps(every)], timeout=600, cwd=tmp).stdout
+    out = run_beside_busy_cores([sys.executable, "-c", script, json.dumps(every)], tmp, STARTED)
     (tmp / "simulation.log").write_text(out)
     return {name: (tmp / "fit" / name / "quickstart" / "version_0",
                    tmp / "flower" / name / "quickstart" / "version_0") for name in METHODS}

@@ -15,6 +15,7 @@ REFUSED = {  # method: what the refusal names
     "PerClientScale": "on_client_start sets self.scale differently per client",
     "KeepsLoss": "client_loss stores self.last_loss",
     "BranchesOnClient": "client_loss cannot run batched",
+    "DataInLoss": "client_loss reads client.data.labels, which batched clients cannot map",
 }
 
 

@@ -8,6 +8,7 @@
 - ``MyMethodWithCounts``: also uploads the client's label counts (counted in the byte ledger), which its
   server half adds up.
 - ``ServerLR``: a server learning rate, ``w <- w + eta * delta`` (a server optimizer of one's own).
+- ``MyLeakyMethod``: a mistake that ``fedrcl check`` finds: one client hands a number to the next.
 """
 from __future__ import annotations
 
@@ -109,14 +110,30 @@ class MyMethodWithCounts(MyMethod):
 
     def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:
         """On the client, after its last step: what it sends besides its weights."""
-        dm = self.trainer.datamodule
-        labels = dm.y_train[dm.client_indices[client.client_id]]
-        return {"class_counts": torch.bincount(labels, minlength=dm.num_classes)}
+        assert client.data is not None, "the round hands a training client its own data"
+        return {"class_counts": torch.bincount(client.data.labels, minlength=client.data.num_classes)}
 
     def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
         """On the server, in the round's sampled order: the receiving end of ``extra_upload``."""
         counts = upload["class_counts"]
         self.labels_trained = counts if self.labels_trained is None else self.labels_trained + counts
+
+
+class MyLeakyMethod(MyMethod):
+    """A mistake to learn from: ``MyMethod`` whose ``mu`` grows with the classifier norm of the client that
+    trained before it in the round, handed over through the algorithm object. Clients one after another in one
+    process see it; batched clients (all started before any ends), other processes and Flower's nodes do not,
+    and no real federation could: ``fedrcl check`` says it differs."""
+
+    carried = 0.0  # the last client's classifier norm
+
+    def on_client_start(self, client: ClientContext) -> None:
+        super().on_client_start(client)
+        self.mu = 0.01 * (1 + self.carried)
+
+    def on_client_end(self, client: ClientContext) -> None:
+        super().on_client_end(client)
+        self.carried = float(torch.cat([p.detach().flatten() for p in self.head_parameters()]).norm())
 
 
 class ServerLR(ServerOptimizer):

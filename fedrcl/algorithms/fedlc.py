@@ -5,7 +5,7 @@ ICML 2022).
 
 (``fedrcl.losses.logit_calibration``). Classes the client does not hold (n_c = 0) get an infinite offset:
 they drop out of its softmax, so local training leaves their logits alone (see that module). The counts
-are computed once per client, on the device, from the datamodule's partition. Default tau = 1 (FedRCL
+are computed once per client, on the device, from its own labels (``client.data``). Default tau = 1 (FedRCL
 paper, supplement).
 """
 from __future__ import annotations
@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
-from fedrcl.data.datamodule import datamodule_of
 from fedrcl.contract.context import ClientContext
 from fedrcl.losses.logit_calibration import calibrated_cross_entropy
 from fedrcl.models.output import ModelOutput
@@ -41,9 +40,8 @@ class FedLC(FedAvg):
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
-        dm = datamodule_of(self.trainer)
-        labels = dm.y_train[dm.client_indices[client.client_id]]
-        self.class_counts = torch.bincount(labels, minlength=dm.num_classes)
+        assert client.data is not None, "the round hands a training client its data"
+        self.class_counts = torch.bincount(client.data.labels, minlength=client.data.num_classes)
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         assert self.class_counts is not None, "on_client_start sets the client's class counts"

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms.fedavg import FedAvg
-from fedrcl.data.datamodule import datamodule_of
 from fedrcl.contract.context import ClientContext
 from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
 from fedrcl.models.output import ModelOutput
@@ -123,14 +122,12 @@ class FedProc(FedAvg):
     @torch.no_grad()
     def on_client_end(self, client: ClientContext) -> None:
         """The client reports class sums and counts of its representations (computed on its own data)."""
-        dm = datamodule_of(self.trainer)
-        indices = dm.client_indices[client.client_id]
+        assert client.data is not None, "the round hands a training client its data"
         sums: Optional[Tensor] = None
         counts: Optional[Tensor] = None
-        for start in range(0, len(indices), dm.eval_batch_size):
-            idx = indices[start:start + dm.eval_batch_size]
-            z = self.backbone(dm.model_input(dm.x_train[idx])).features[-1].float()
-            s, c = class_feature_sums(z, dm.y_train[idx], dm.num_classes)
+        for x, y in client.data.batches():
+            z = self.backbone(x).features[-1].float()
+            s, c = class_feature_sums(z, y, client.data.num_classes)
             sums, counts = (s, c) if sums is None or counts is None else (sums + s, counts + c)
         assert sums is not None and counts is not None, f"client {client.client_id} has no training samples"
         self._report = {"sums": sums, "counts": counts}

@@ -4,15 +4,15 @@ Everything a method (``fedrcl.algorithms``), a server optimizer (``fedrcl.server
 (``fedrcl.data``) shares with the drivers (``fedrcl fit``'s round loop, batched clients, several processes,
 Flower) lives here and imports nothing else of fedrcl:
 
-- ``context``: ``ClientContext``, one client's facts in a round;
+- ``context``: ``ClientContext``, one client's facts in a round, and ``ClientData``, its own data;
 - ``exchange``: the hooks a method exchanges besides the weights, and their check before training;
 - ``plan``: ``RoundPlan``, which clients a process trains in a round and their steps;
 - ``processes``: sums and gathers over the processes a run spans;
 - ``weights``: loading and copying a model's weights;
 - ``protocols``: batched clients as a method sees them.
 """
-from fedrcl.contract.context import ClientContext
+from fedrcl.contract.context import ClientContext, ClientData
 from fedrcl.contract.exchange import ClientExchange, ServerExchange, check_method
 from fedrcl.contract.plan import RoundPlan
 
-__all__ = ["ClientContext", "ClientExchange", "RoundPlan", "ServerExchange", "check_method"]
+__all__ = ["ClientContext", "ClientData", "ClientExchange", "RoundPlan", "ServerExchange", "check_method"]

@@ -1,7 +1,7 @@
 """Round facts handed to a client algorithm, in one frozen object (it imports neither Lightning nor the round loop)."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
@@ -18,6 +18,22 @@ class ClientServer(Protocol):
         """Install, in the client's copy, what the server's ``extra_broadcast`` sent (SCAFFOLD's ``c``)."""
 
 
+class ClientData(Protocol):
+    """A client's own training data, as the round hands it to the client's side of a method (the data module
+    serves it: ``FederatedDataModule.client_data``). The server's side never holds it: on Flower the context
+    that ``receive_upload`` gets has none."""
+
+    num_classes: int
+
+    @property
+    def labels(self) -> Tensor:
+        """The client's training labels, in its sample order, on the model's device."""
+
+    def batches(self, batch_size: Optional[int] = None) -> Iterator[tuple[Tensor, Tensor]]:
+        """The client's training images in order as the model's input (normalised, not augmented), with their
+        labels, in batches of ``batch_size`` (default: the evaluation batch size)."""
+
+
 @dataclass(frozen=True)
 class ClientContext:
     """What a client knows while it trains in a round.
@@ -32,6 +48,9 @@ class ClientContext:
         server: the client's copy of the server optimizer: its ``client_regularizer`` (FedACG's term) and,
             for methods with a server half, that half (SCAFFOLD's control variate, FedDyn's alpha). In one
             process it is the run's server; on a Flower node, the node's copy. ``None`` outside a round.
+        data: the client's own training data (``ClientData``), for its hooks (``on_client_start``,
+            ``on_client_end``, ``extra_upload``); ``None`` on the server's side of Flower. A batched
+            ``client_loss`` cannot read it: read it in ``on_client_start`` into a ``client_tensors`` tensor.
     """
 
     round_idx: int
@@ -41,3 +60,4 @@ class ClientContext:
     seed: int
     global_state: Mapping[str, Tensor]
     server: Optional[ClientServer] = None
+    data: Optional[ClientData] = None

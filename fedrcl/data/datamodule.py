@@ -156,9 +156,11 @@ class FederatedDataModule(L.LightningDataModule):
         if not self.client_indices:
             self._load_and_split()
         if stage == "fit":
-            self._export_split()
+            self.export_split()
 
-    def _export_split(self) -> None:
+    def export_split(self) -> None:
+        """Write the split to the run folder's ``split.json`` (on rank 0, when the run has a logger): at the
+        start of ``fedrcl fit`` and of a Flower run's server."""
         trainer = self.trainer
         if trainer is None or not trainer.loggers:
             return
@@ -227,6 +229,10 @@ class FederatedDataModule(L.LightningDataModule):
     def client_num_samples(self, client_id: int) -> int:
         return len(self.client_indices[client_id])
 
+    def client_data(self, client_id: int) -> ClientSamples:
+        """Client ``client_id``'s own training data, as the round hands it to the method (``ClientData``)."""
+        return ClientSamples(self, client_id)
+
     def client_steps_per_epoch(self, client_id: int) -> int:
         if self.local_iters_per_epoch is not None:
             return self.local_iters_per_epoch
@@ -277,6 +283,26 @@ class FederatedDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> "EvalBatches":
         return EvalBatches(self)
+
+
+class ClientSamples:
+    """One client's training data (``fedrcl.contract.context.ClientData``): its labels and its images as the
+    model's input, read from the data module's tensors on the device, no copy kept."""
+
+    def __init__(self, datamodule: FederatedDataModule, client_id: int):
+        self._datamodule, self._indices = datamodule, datamodule.client_indices[client_id]
+        self.num_classes = datamodule.num_classes
+
+    @property
+    def labels(self) -> Tensor:
+        return self._datamodule.y_train[self._indices]
+
+    def batches(self, batch_size: Optional[int] = None) -> Iterator[tuple[Tensor, Tensor]]:
+        dm, indices = self._datamodule, self._indices
+        size = batch_size or dm.eval_batch_size
+        for start in range(0, len(indices), size):
+            idx = indices[start:start + size]
+            yield dm.model_input(dm.x_train[idx]), dm.y_train[idx]
 
 
 def datamodule_of(trainer: L.Trainer) -> FederatedDataModule:

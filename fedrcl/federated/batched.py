@@ -51,6 +51,19 @@ PER_CLIENT = {"client", "_params", "stack", "backbone"}
 REMEDY = "name it in client_tensors (a tensor, stacked per client), set unbatchable_reason, or trainer.client_batching off"
 
 
+class _UnmappedData:
+    """``client.data`` inside a batched ``client_loss``: one call serves every client, so there is no one
+    client's data to give; reading it says where to read it instead."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise ValueError(f"client_loss reads client.data.{name}, which batched clients cannot map: read the "
+                         "client's data in on_client_start into a tensor named in client_tensors (FedLC's "
+                         "label counts), or set unbatchable_reason")
+
+
+UNMAPPED_DATA: Any = _UnmappedData()
+
+
 class _LocalLoss(nn.Module):
     """``algorithm.local_loss`` as a module call, so that ``functional_call`` can swap the weights it sees."""
 
@@ -66,7 +79,7 @@ class _LocalLoss(nn.Module):
         # the call and put back before returning: no vmapped tensor outlives it (torch.compile needs that too).
         bound = {**client_tensors, "_params": dict(algorithm.backbone.named_parameters()),
                  # the slice's own facts, 0-dim tensors where one client has ints (read in tensor arithmetic)
-                 "client": dataclasses.replace(algorithm.client, **cast(dict[str, Any], facts))}
+                 "client": dataclasses.replace(algorithm.client, data=UNMAPPED_DATA, **cast(dict[str, Any], facts))}
         saved = {name: getattr(algorithm, name) for name in bound}
         for name, value in bound.items():
             setattr(algorithm, name, value)

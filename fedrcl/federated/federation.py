@@ -187,7 +187,8 @@ class Federation(L.Callback):
                                  self.ledger, reduce=process_sum(trainer),
                                  vote=lambda failed: trainer.strategy.reduce_boolean_decision(failed, all=False))
         plan = self.plan(trainer.current_epoch)
-        self._clients = [ClientRun(algorithm, client, down) for client, down in self.round.configure(plan)]
+        configured = self.round.configure(plan, self.datamodule.client_data)
+        self._clients = [ClientRun(algorithm, client, down) for client, down in configured]
         self._runs: list[ClientRun] = []  # the clients training now (several when batched)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:

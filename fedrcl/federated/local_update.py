@@ -42,13 +42,16 @@ class ClientReport(ClientResult):
 
 def attach(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule) -> None:
     """Connect ``module`` and ``datamodule`` to ``trainer`` as ``fit`` would (``module.trainer``,
-    ``trainer.datamodule``, ``trainer.optimizers``), set both up for ``fit``, without running a loop."""
+    ``trainer.datamodule``, ``trainer.optimizers``), set both up for ``fit`` and convert the module to the
+    run's precision (``trainer.precision``: ``64-true`` trains in float64 here as in ``fit``), without running a
+    loop."""
     trainer.strategy.connect(module)
     trainer._data_connector.attach_datamodule(module, datamodule=datamodule)  # trainer.datamodule
     module.trainer = trainer
     datamodule.trainer = trainer
     datamodule.setup("fit")
     module.setup("fit")
+    trainer.precision_plugin.convert_module(module)
     trainer.strategy.setup_optimizers(trainer)
 
 
@@ -78,13 +81,15 @@ class LocalUpdate:
                          local_epochs=self.federation.local_epochs, seed=self.federation.seed)
         to_device = lambda tensors: {k: v.to(module.device) for k, v in tensors.items()}  # noqa: E731
         downlink = Downlink(to_device(downlink.sent), {k: to_device(v) for k, v in downlink.extras.items()})
-        run = ClientRun(module, client_context(plan, 0, downlink.sent, self.federation.server), downlink)
+        client = client_context(plan, 0, downlink.sent, self.federation.server, dm.client_data(client_id))
+        run = ClientRun(module, client, downlink)
         module.train()
         module.on_train_epoch_start()  # the round's loss sums
         run.start()
         optimizer = trainer.optimizers[0]
         with torch.enable_grad():
             for batch_idx, batch in enumerate(dm.client_batches(client_id, round_idx, plan.local_epochs, plan.seed)):
+                batch = trainer.precision_plugin.convert_input(batch)  # as fit's training loop does
                 slot = plan.locate(batch_idx)
                 if slot.first_step_of_epoch:
                     run.set_lr([optimizer], slot.local_epoch)

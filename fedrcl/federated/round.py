@@ -40,7 +40,7 @@ from torch import Tensor
 
 from fedrcl.federated.aggregation import WeightedSum
 from fedrcl.federated.communication import RoundLedger
-from fedrcl.contract.context import ClientContext
+from fedrcl.contract.context import ClientContext, ClientData
 from fedrcl.contract.exchange import ClientExchange, Reduce, Tensors
 from fedrcl.contract.plan import RoundPlan
 from fedrcl.contract.weights import load_state_
@@ -73,13 +73,14 @@ class ClientResult:
     failure: Optional[str]
 
 
-def client_context(plan: RoundPlan, position: int, global_state: Tensors,
-                   server: Optional[ClientServer]) -> ClientContext:
+def client_context(plan: RoundPlan, position: int, global_state: Tensors, server: Optional[ClientServer],
+                   data: Optional[ClientData] = None) -> ClientContext:
     """The round's facts for the client at ``position`` of ``plan``: the same on the server and on the client's
-    side of every backend (its id, sample count, this round's steps, the seed, what was broadcast)."""
+    side of every backend (its id, sample count, this round's steps, the seed, what was broadcast); ``data``:
+    the client's own data, where the client trains."""
     return ClientContext(round_idx=plan.round_idx, client_id=plan.client_ids[position],
                          num_samples=plan.num_samples[position], num_steps=plan.steps[position], seed=plan.seed,
-                         global_state=global_state, server=server)
+                         global_state=global_state, server=server, data=data)
 
 
 def freeze(tensors: Tensors, copies: dict[int, Tensor]) -> dict[str, Tensor]:
@@ -117,12 +118,15 @@ class ServerRound:
         self._folded = False
         self._sum = WeightedSum(self.global_state)
 
-    def configure(self, plan: RoundPlan) -> list[tuple[ClientContext, Downlink]]:
+    def configure(self, plan: RoundPlan, data_of: Optional[Callable[[int], ClientData]] = None
+                  ) -> list[tuple[ClientContext, Downlink]]:
         """Phase 2: the facts and the downlink of every client of ``plan``, fixed from now on (see the module
-        docstring); in the plan's order."""
+        docstring); in the plan's order. ``data_of``: each client's own data, where clients train in this
+        process (``fedrcl fit``); ``None`` where they train elsewhere (Flower's server)."""
         if self._folded:
             raise RuntimeError("a round's downlinks are configured before any upload is folded in")
-        contexts = [client_context(plan, i, self.sent, self.server) for i in range(len(plan.client_ids))]
+        contexts = [client_context(plan, i, self.sent, self.server, None if data_of is None else data_of(k))
+                    for i, k in enumerate(plan.client_ids)]
         extras = [{"broadcast": self.server.extra_broadcast(c), "download": self.algorithm.extra_download(c)}
                   for c in contexts]  # every downlink computed before any is copied: the originals stay alive
         copies: dict[int, Tensor] = {}

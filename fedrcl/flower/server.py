@@ -77,9 +77,10 @@ def not_run(trainer) -> list[str]:
 def evaluate(module, datamodule) -> float:
     """Top-1 accuracy of ``module``'s global model on the test set (its ``validation_step``), and the EMA."""
     module.eval()
-    with torch.no_grad():
+    precision = module.trainer.precision_plugin  # the run's precision, as fit's evaluation loop applies it
+    with torch.no_grad(), precision.val_step_context():
         for batch_idx, batch in enumerate(EvalBatches(datamodule)):
-            module.validation_step(batch, batch_idx)
+            module.validation_step(precision.convert_input(batch), batch_idx)
     module.train()
     acc = module.val_acc.compute().item()
     module.val_acc.reset()
@@ -151,7 +152,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     for callback in trainer.callbacks:
         if isinstance(callback, SaveConfigCallback):
             callback.setup(trainer, module, "fit")  # config.yaml, as fedrcl fit writes it
-    dm._export_split()  # split.json
+    dm.export_split()  # split.json
     for callback in trainer.checkpoint_callbacks:
         callback.setup(trainer, module, "fit")
     for callback in trainer.callbacks:

@@ -2,8 +2,9 @@
 
     python -m fedrcl.flower --config configs/quickstart.yaml [any fedrcl fit flag ...]
 
-Runs ``make_server_app(args)`` and ``make_client_app()`` with ``flwr.simulation.run_simulation``, one
-virtual SuperNode per fedrcl client (``--num-supernodes N`` groups the clients into N nodes), each Ray
+Runs ``make_server_app(args)`` and ``make_client_app()`` with ``flwr.simulation.run_simulation`` (Ray's
+metrics agent off, ``RAY_enable_metrics_collection=0``, so that Ray starts on a busy machine; the log says
+how long the nodes took to answer), one virtual SuperNode per fedrcl client (``--num-supernodes N`` groups the clients into N nodes), each Ray
 actor with ``--cpus-per-client`` CPUs (default: all of them, so one actor trains the round's clients one
 after another, as ``fedrcl fit`` does). Writes the run folder ``fedrcl fit`` would write; ``--ckpt_path
 last`` (or a file) resumes a run from its checkpoint, as ``fedrcl fit --ckpt_path`` does.
@@ -45,6 +46,9 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
     if not sys.stdout.isatty():
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # Ray's "(ClientAppActor pid=...)" prefix, uncoloured
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # Ray's own FutureWarning's advice
+    # Ray's metrics agent, which a local simulation does not use, was slow to start on a loaded machine: Ray
+    # waited minutes for it, then failed with a misleading "GCS overloaded". Off unless the user sets it.
+    os.environ.setdefault("RAY_enable_metrics_collection", "0")
     quiet_flower_log()
     deprecation = DeprecatedOnPurpose()
     FLOWER_LOGGER.addFilter(deprecation)

@@ -108,7 +108,10 @@ class FedrclStrategy(Strategy):
               evaluate_fn: Any = None) -> Result:
         """Flower's loop, with the rounds' messages sent and received by the ``Fleet`` (``FleetGrid``); the
         nodes are mapped to their partitions first, waiting up to ``node_wait`` seconds."""
+        started = time.perf_counter()
         self.fleet.discover(grid, self.node_wait)
+        log(INFO, "fedrcl: the nodes of all %s clients answered in %.1f s (a simulation: Ray's start included)",
+            len(self.num_samples), time.perf_counter() - started)
         return super().start(FleetGrid(grid, self.fleet), initial_arrays, num_rounds, timeout, train_config,
                              evaluate_config, evaluate_fn)
 

@@ -1,0 +1,175 @@
+"""``fedrcl check``: does a method give the same numbers on every backend? A method author's check.
+
+    fedrcl check --config configs/quickstart.yaml --model my_method.MyMethod
+    fedrcl check --config configs/quickstart.yaml --model my_method.MyMethod --backends sequential batched
+
+Runs the same ``fedrcl fit`` (every argument that is not this command's own is passed on) for ``--rounds``
+rounds on each backend: ``sequential`` (clients one after another, the reference), ``batched``
+(``trainer.client_batching on``), ``processes`` (two CPU processes, ``trainer.strategy ddp``) and ``flower``
+(Flower's simulation, ``python -m fedrcl.flower``; only where Flower is installed), each as a process of its
+own with its run folder in a scratch folder (removed after), in float64 (``--trainer.precision 64-true``) so that what batched clients or
+processes sum in another order stays far below the tolerance. Then prints one table row per backend: its
+seconds, the largest relative difference of its final global weights to the sequential run's (per tensor
+``max|a - b| / max|a|``) and the verdict: ``agrees`` (bitwise, or within ``TOLERANCE``: float64 sums in
+another order, in batched kernels or an all-reduce, differ near 1e-16, a method that breaks the contract by
+1e-4 and more), ``differs``, or ``refused`` / ``failed`` with the run's own error line. Exit status 1 when any backend does
+not agree.
+
+Where a method differs, the contract it breaks is in the tutorial (docs/tutorial.md, "The contract"): what a
+client receives is fixed when the round starts, a loss keeps no state, a client never sees another client.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+BACKENDS = ("sequential", "batched", "processes", "flower")
+TOLERANCE = 1e-9  # float64: sums in another order (batched kernels, all-reduce) stay near 1e-16
+# What each backend adds to the fit arguments, and the module it runs.
+BACKEND_ARGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sequential": ("fedrcl.cli", ("fit", "--trainer.client_batching", "off")),
+    "batched": ("fedrcl.cli", ("fit", "--trainer.client_batching", "on")),
+    "processes": ("fedrcl.cli", ("fit", "--trainer.client_batching", "off", "--trainer.accelerator", "cpu",
+                                 "--trainer.devices", "2", "--trainer.strategy", "ddp")),
+    "flower": ("fedrcl.flower", ("--trainer.client_batching", "off")),
+}
+
+
+def max_relative_difference(reference: Mapping[str, Any], other: Mapping[str, Any]) -> float:
+    """Of two state dicts (name -> tensor): the largest, over tensors, of ``max|a - b| / max|a|`` (``max|a - b|`` where ``a`` is all zeros); ``inf``
+    when the two hold other names or shapes."""
+    import torch
+
+    if reference.keys() != other.keys() or any(reference[k].shape != other[k].shape for k in reference):
+        return float("inf")
+    worst = 0.0
+    for name, a in reference.items():
+        a, b = a.double(), other[name].double()
+        diff = float((a - b).abs().max()) if a.numel() else 0.0
+        scale = float(a.abs().max()) if a.numel() else 0.0
+        worst = max(worst, diff / scale if scale > 0 else diff)
+    return worst if worst == worst else float("inf")  # NaN weights never agree
+
+
+@dataclass
+class BackendRun:
+    """One backend's run: its seconds, its final global weights (``None``: it did not finish) and what it said."""
+
+    backend: str
+    seconds: float
+    weights: Optional[dict[str, Any]]
+    output: str
+    returncode: int
+
+
+def available(backend: str) -> Optional[str]:
+    """Why ``backend`` cannot run here, or ``None``."""
+    if backend == "flower" and not all(importlib.util.find_spec(m) for m in ("flwr", "ray")):
+        return "Flower's simulation extra is not installed (pip install -e '.[flower]')"
+    return None
+
+
+def run_backend(backend: str, fit_args: Sequence[str], rounds: int, scratch: Path, timeout: float) -> BackendRun:
+    """``fedrcl fit`` (or Flower's simulation) of ``fit_args`` on ``backend``, its run folder under
+    ``scratch/<backend>``."""
+    import torch  # where a run is read: the command itself starts without torch
+
+    module, extra = BACKEND_ARGS[backend]
+    save_dir = scratch / backend
+    command = [sys.executable, "-m", module, *extra, *fit_args, "--trainer.rounds", str(rounds),
+               "--trainer.precision", "64-true", "--trainer.enable_progress_bar", "false",
+               "--trainer.logger.init_args.save_dir", str(save_dir)]
+    # The children import what this process can (the method's own file included), single-threaded by default.
+    path = os.pathsep.join([*(p for p in sys.path if p), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
+                              start_new_session=True)  # in this folder: the arguments' relative paths hold
+        output, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as expired:
+        partial = expired.stdout.decode(errors="replace") if isinstance(expired.stdout, bytes) else expired.stdout
+        output, code = f"did not finish in {timeout:.0f} s\n{partial or ''}", 124
+    seconds = time.perf_counter() - started
+    checkpoints = sorted(save_dir.rglob("last.ckpt"))
+    weights = None
+    if code == 0 and checkpoints:
+        weights = torch.load(checkpoints[-1], map_location="cpu", weights_only=True)["state_dict"]
+    return BackendRun(backend, seconds, weights, output, code)
+
+
+def error_line(output: str) -> str:
+    """The run's own error line (``fedrcl: error: ...``, else its last line)."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if "error:" in line]
+    return (errors or lines or ["no output"])[-1]
+
+
+def verdict(run: BackendRun, reference: Optional[BackendRun]) -> tuple[str, str]:
+    """``(difference, verdict)`` cells of ``run`` against the sequential ``reference``."""
+    if run.weights is None:
+        line = error_line(run.output)
+        return "", ("refused: " if "fedrcl: error:" in line else "failed: ") + line.removeprefix("fedrcl: error: ")
+    if reference is None or run is reference:
+        return "reference", "" if reference is run else "no sequential run to compare with"
+    if reference.weights is None:
+        return "", "no sequential run to compare with"
+    difference = max_relative_difference(reference.weights, run.weights)
+    rule = "bitwise" if difference == 0 else f"<= {TOLERANCE:g}"
+    fell_back = run.backend == "batched" and "clients trained one after another" in run.output
+    note = " (its clients trained one after another: see its notice)" if fell_back else ""
+    if difference > TOLERANCE:
+        return f"{difference:.2g}", f"differs (allowed: <= {TOLERANCE:g})"
+    return f"{difference:.2g}", f"agrees ({rule}){note}"
+
+
+def table(runs: Sequence[BackendRun]) -> tuple[str, bool]:
+    """The markdown table of ``runs`` and whether every backend agrees."""
+    reference = next((r for r in runs if r.backend == "sequential"), None)
+    rows = ["| backend | seconds | max relative difference to sequential | verdict |", "|---|--:|--:|---|"]
+    ok = True
+    for run in runs:
+        difference, word = verdict(run, reference)
+        ok &= run.weights is not None and (run is reference or word.startswith("agrees"))
+        rows.append(f"| {run.backend} | {run.seconds:.1f} | {difference} | {word} |")
+    return "\n".join(rows), ok
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="fedrcl check", description=__doc__.split("\n")[0],
+        epilog="Every other argument is fedrcl fit's (--config, --model, --data.*, ...).")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds run on each backend (default 3)")
+    parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS),
+                        help="backends to run (default: all that are installed); sequential is the reference")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds each backend's run may take")
+    known, fit_args = parser.parse_known_args(argv)
+    if known.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {known.rounds}")
+    backends = [b for b in BACKENDS if b in known.backends]
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="fedrcl-check-") as scratch:
+        for backend in backends:
+            missing = available(backend)
+            if missing is not None:
+                print(f"fedrcl check: {backend} skipped: {missing}", file=sys.stderr)
+                continue
+            print(f"fedrcl check: {backend} ...", file=sys.stderr, flush=True)
+            runs.append(run_backend(backend, fit_args, known.rounds, Path(scratch), known.timeout))
+    text, ok = table(runs)
+    print(text)
+    raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
