@@ -53,7 +53,7 @@ def fedrcl_error(error: BaseException) -> Optional[BaseException]:
     return None
 
 
-def _typed(argv: Sequence[str]) -> list[tuple[str, str]]:
+def typed_pairs(argv: Sequence[str]) -> list[tuple[str, str]]:
     """``(key, value)`` of each ``--key value`` / ``--key=value`` in ``argv``, as typed (without ``--``)."""
     pairs = []
     for i, arg in enumerate(argv):
@@ -88,7 +88,7 @@ def with_typed_key(error: BaseException, argv: Sequence[str]) -> str:
         mentioned = re.search(rf"(?<![\w.])((?:\w+\.)*){re.escape(name)}\b", message)
         if not mentioned:
             continue
-        for key, value in reversed(_typed(argv)):  # the last one typed wins, as in the parser
+        for key, value in reversed(typed_pairs(argv)):  # the last one typed wins, as in the parser
             try:
                 same = key.split(".")[-1] == name and yaml.safe_load(value) == values.get(name)
             except yaml.YAMLError:

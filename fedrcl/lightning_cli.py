@@ -9,6 +9,7 @@ torch's CPU thread count (``configs/quickstart.yaml``: 1).
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import inspect
 import os
@@ -31,12 +32,17 @@ from fedrcl.algorithms import FedAvg
 from fedrcl.cli import DESCRIPTION, OTHER_SUBCOMMANDS
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.datasets import dataset_info
-from fedrcl.federated.checkpoint import check_readable
+from fedrcl.errors import typed_pairs
+from fedrcl.federated.checkpoint import check_usable
 from fedrcl.federated.trainer import OWNED_BY_ROUNDS, FederatedTrainer
 from fedrcl.methods import unknown_option
 from fedrcl.output import quiet_when_closed
 
 EVALUATIONS = ("validate", "test")
+# Keys LightningCLI adds that fedrcl always refuses unless null / false (``before_instantiate_classes``,
+# ``FederatedTrainer``): parsed, so that saved configs (``optimizer: null``, ``barebones: false``) still load,
+# and left out of ``--help``, which offers only what can work.
+HIDDEN_KEYS = ("optimizer", "optimizer.help", "lr_scheduler", "lr_scheduler.help", "trainer.barebones")
 KNOWN_SUBCLASSES = ", known subclasses: "  # how jsonargparse's --help ends a class argument's choices
 
 
@@ -96,17 +102,92 @@ class FedRCLHelpFormatter(DefaultHelpFormatter):
         return head + (KNOWN_SUBCLASSES + ", ".join(paths) if paths else "") + ")"
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB
+MAX_YAML_VALUES = 100_000  # values a YAML text may expand to, aliases counted each time (a config: a few hundred)
+
+
+class YAMLTooLarge(yaml.YAMLError):
+    """A YAML text whose aliases expand to more than ``MAX_YAML_VALUES`` values (an alias bomb), or that
+    refers to itself."""
+
+
+def yaml_values(node: yaml.Node, limit: int = MAX_YAML_VALUES) -> int:
+    """How many values the composed YAML ``node`` expands to, each alias counted as a copy of what it names
+    (which ``yaml.compose`` shares, so composing an alias bomb is cheap and loading it is not); raises
+    ``YAMLTooLarge`` above ``limit`` or for an alias inside what it names."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(current: yaml.Node) -> int:
+        key = id(current)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise YAMLTooLarge("an alias refers to the value that holds it")
+        open_.add(key)
+        children: list[yaml.Node] = []
+        if isinstance(current, yaml.SequenceNode):
+            children = list(current.value)
+        elif isinstance(current, yaml.MappingNode):
+            children = [n for pair in current.value for n in pair]
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > limit:
+                raise YAMLTooLarge(f"its aliases expand to more than {limit} values (a config has a few hundred)")
+        open_.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(node)
+
+
+def check_yaml_size(text: str) -> None:
+    """Refuse (``YAMLTooLarge``) a YAML text above ``MAX_CONFIG_BYTES`` or expanding past ``MAX_YAML_VALUES``
+    values, before anything loads it."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise YAMLTooLarge(f"{len(text)} characters, more than a config needs ({MAX_CONFIG_BYTES})")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise YAMLTooLarge("nested too deep") from None
+    if node is not None:
+        try:
+            yaml_values(node)
+        except RecursionError:
+            raise YAMLTooLarge("nested too deep") from None
+
+
+def check_typed_yaml(args: list[str]) -> None:
+    """Raise ``ValueError`` naming the key if a value typed on the command line is YAML whose aliases expand
+    too far (``check_yaml_size``): jsonargparse loads values with PyYAML too, unbounded."""
+    for key, value in typed_pairs(args):
+        if "&" in value and "*" in value:
+            try:
+                check_yaml_size(value)
+            except YAMLTooLarge as e:
+                raise ValueError(f"--{key}: refused, {e}") from None
+            except yaml.YAMLError:
+                continue  # not YAML: jsonargparse's own error names it
+
+
 class ConfigFile(ActionConfigFile):
-    """``--config``: a YAML syntax error names the file, line and column (jsonargparse names neither)."""
+    """``--config``: a YAML syntax error names the file, line and column (jsonargparse names neither); a file
+    too large, or whose aliases expand too far (``check_yaml_size``), is refused naming it, before it is read."""
 
     def __call__(self, parser, cfg, values, option_string=None):
         path = Path(str(values))
         if path.is_file():
+            if path.stat().st_size > MAX_CONFIG_BYTES:
+                raise TypeError(f"{path}: {path.stat().st_size} bytes, more than a configuration file needs "
+                                f"({MAX_CONFIG_BYTES}); not read")
             if not path.read_text(encoding="utf-8", errors="replace").strip():
                 raise TypeError(f"{path}: the configuration file is empty (give it at least one key, or leave "
                                 "out this --config)")
             try:
-                yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+                check_yaml_size(path.read_text(encoding="utf-8"))
+            except YAMLTooLarge as e:
+                raise TypeError(f"{path}: refused, {e}") from None
             except yaml.MarkedYAMLError as e:
                 mark = e.problem_mark or e.context_mark
                 where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -176,6 +257,10 @@ class FedRCLCLI(LightningCLI):
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any],
                      subparser_kwargs: dict[str, Any]) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        for run_parser in self._subcommand_parsers.values() if add_subcommands else [self.parser]:
+            for action in run_parser._actions:
+                if action.dest in HIDDEN_KEYS:
+                    action.help = argparse.SUPPRESS
         if add_subcommands:  # listed in --help; main() runs them before LightningCLI is built
             parser = self.parser
             assert isinstance(parser, FedRCLParser)  # fedrcl's parser_class, which keeps subcommands_action
@@ -196,10 +281,12 @@ class FedRCLCLI(LightningCLI):
         parser.link_arguments("data.dataset", "model.init_args.image_size", compute_fn=_image_size)
 
     def parse_arguments(self, parser, args) -> None:
+        if args is None or isinstance(args, list):
+            check_typed_yaml(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
-        # LightningCLI reads ckpt_path next (for hyperparameters): name an empty or truncated file first.
+        # LightningCLI reads ckpt_path next (for hyperparameters): name an empty, truncated or non-finite file first.
         subcommand = self.config.get("subcommand")
-        check_readable((self.config[subcommand] if subcommand else self.config).get("ckpt_path"))
+        check_usable((self.config[subcommand] if subcommand else self.config).get("ckpt_path"))
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

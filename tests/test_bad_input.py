@@ -1,8 +1,10 @@
 """Bad configuration values, data files and checkpoints fail before training, naming the key."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -199,6 +201,7 @@ SHORT_CASES = [  # (arguments, the message, exit status): values, files, checkpo
     # LightningCLI's optimizer arguments would replace fedrcl's client optimizer for the whole run
     (["--optimizer", "Adam"], "fedrcl: error: optimizer: fedrcl builds each client's optimizer itself", 1),
     (["--lr_scheduler", "ExponentialLR", "--lr_scheduler.gamma", "0.9"], "fedrcl: error: lr_scheduler: fedrcl", 1),
+    (["--trainer.barebones", "true"], "fedrcl: error: trainer.barebones: Lightning's barebones mode turns off", 1),
     (["--ckpt_path", "last"], "--ckpt_path last: nothing to resume under", 1),
     (["--ckpt_path", "nowhere.ckpt"], "--ckpt_path nowhere.ckpt: no such file", 1),
     (["--trainer.max_epochs", "3"], "trainer.max_epochs is set by fedrcl's round loop: use trainer.rounds", 2),
@@ -344,3 +347,206 @@ def test_weights_of_another_shape_are_refused_not_broadcast():
     state = {"weight": layer.weight.detach().clone(), "bias": torch.zeros(1)}
     with pytest.raises(ValueError, match=r"weights 'bias': shape \(1,\) does not fit the model's \(10,\)"):
         load_state_(layer, state)
+
+
+# -- help offers only what can work; inputs with bounds ------------------------------------------------------
+def test_help_offers_no_key_that_is_always_refused(capsys):
+    """``--optimizer`` / ``--lr_scheduler`` (every torch.optim class listed, always refused) and
+    ``--trainer.barebones`` (a traceback) are not offered; they still parse, so saved configs load."""
+    from fedrcl.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--help"])
+    assert info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--trainer.rounds" in shown and "--data.partition_file" in shown
+    for key in ("--optimizer", "--lr_scheduler", "--trainer.barebones", "torch.optim.lr_scheduler"):
+        assert key not in shown, key
+
+
+def test_a_saved_configs_null_optimizer_and_false_barebones_still_load(data_root, tmp_path):
+    """Configs saved before these keys were hidden hold ``optimizer: null``, ``lr_scheduler: null`` and
+    ``trainer.barebones: false``."""
+    saved = tmp_path / "config.yaml"
+    saved.write_text("trainer:\n  barebones: false\noptimizer: null\nlr_scheduler: null\n")
+    cli = run_cli(data_root, tmp_path, "--config", str(saved), rounds=1, model="fedrcl.algorithms.FedAvg")
+    assert cli.trainer.current_epoch == 1
+
+
+def test_barebones_is_one_line(data_root, tmp_path):
+    code, err = fedrcl(data_root, tmp_path / "runs", "--trainer.barebones", "true")
+    assert code == 1
+    assert_short(err, "fedrcl: error: trainer.barebones: Lightning's barebones mode turns off the loggers and "
+                      "callbacks a federated run is made of")
+
+
+def test_several_nodes_without_a_launcher_are_refused_in_one_line(data_root, tmp_path, monkeypatch):
+    """Without torchrun / SLURM and without MASTER_ADDR, MASTER_PORT, NODE_RANK no other node can ever join:
+    the run waited for ever without a word (here it would fail instead of waiting)."""
+    import torch.distributed
+
+    def would_wait(*args, **kwargs):
+        raise AssertionError("the run went on to wait for the other nodes")
+
+    monkeypatch.setattr(torch.distributed, "init_process_group", would_wait)
+    for key in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    code, err = fedrcl(data_root, tmp_path / "runs", "--trainer.num_nodes", "2")
+    assert code == 1
+    assert_short(err, "fedrcl: error: trainer.num_nodes=2 without a launcher (torchrun, SLURM's srun) needs "
+                      "MASTER_ADDR, MASTER_PORT, NODE_RANK in the environment of each node's command")
+    assert not list(tmp_path.rglob("version_*"))
+
+
+def test_several_nodes_say_what_they_wait_for(data_root, tmp_path):
+    """With the variables set, node 0 says where it waits for the others (and waits: ended here)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from conftest import REPO
+    from fedrcl.flower.localhost import free_port
+
+    port = free_port()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "0",
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "fedrcl.cli", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
+         "--data.root", str(data_root), "--trainer.accelerator", "cpu", "--trainer.num_nodes", "2",
+         "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    waiting = threading.Event()
+
+    def read() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            lines.append(line)
+            if "waits for" in line:
+                waiting.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert waiting.wait(timeout=120), "".join(lines)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    said = next(line for line in lines if "waits for" in line).strip()
+    assert said == f"trainer.num_nodes=2: node 0 waits for the other nodes' processes (2 in all) at 127.0.0.1:{port}"
+
+
+def alias_bomb(path: Path) -> Path:
+    """A YAML "billion laughs": 9 strings, each level 9 aliases of the one before: 9**9 strings when loaded."""
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for before, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [{', '.join([f'*{before}'] * 9)}]")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# The imports first, then an address-space cap of 512 MiB above them: what reading the config may take. Each
+# argument list (one per line on stdin) is one ``fedrcl`` command; its exit status is printed.
+CAPPED = """
+import json, resource, sys
+from pathlib import Path
+import fedrcl.lightning_cli
+from fedrcl.cli import main
+size = int(Path('/proc/self/status').read_text().split('VmSize:')[1].split()[0]) * 1024 + (512 << 20)
+resource.setrlimit(resource.RLIMIT_AS, (size, size))
+for line in sys.stdin:
+    try:
+        main(json.loads(line))
+    except SystemExit as stop:
+        print(stop.code, flush=True)
+"""
+
+
+def test_a_yaml_alias_bomb_is_refused_naming_the_file_or_key_under_a_memory_cap(data_root, tmp_path):
+    """In a config file it ran for minutes and ended in MemoryError / IndexError (99-118 lines); typed as a
+    value (jsonargparse loads values with PyYAML too) it took all the memory there was."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    bomb = alias_bomb(tmp_path / "bomb.yaml")
+    common = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(data_root),
+              "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]
+    typed = "{" + bomb.read_text().replace("\n", ", ") + "}"
+    commands = [[*common, "--config", str(bomb)], [*common, "--trainer.resume_allow_changes", typed]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env.pop("FEDRCL_DEBUG", None)
+    done = subprocess.run([sys.executable, "-c", CAPPED], input="".join(json.dumps(c) + "\n" for c in commands),
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert done.stdout.split() == ["2", "1"], done.stderr[-3000:]
+    assert "MemoryError" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert f"fedrcl fit: error: {bomb}: refused, its aliases expand to more than 100000 values (a config has a " \
+           "few hundred)" in lines
+    assert "fedrcl: error: --trainer.resume_allow_changes: refused, its aliases expand to more than 100000 " \
+           "values (a config has a few hundred)" in lines
+    assert len(lines) <= 6, lines
+
+
+@pytest.mark.parametrize("content, message", [
+    ("trainer:\n  resume_allow_changes: &x [*x]\n", "refused, an alias refers to the value that holds it"),
+    ("# " + "x" * (1 << 20) + "\ntrainer:\n  rounds: 1\n", "bytes, more than a configuration file needs"),
+])
+def test_a_config_that_refers_to_itself_or_is_too_large_is_one_line(data_root, tmp_path, content, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(content)
+    code, err = fedrcl(data_root, tmp_path / "runs", "--config", str(bad))
+    assert code == 2
+    assert_short(err, f"{bad}: ")
+    assert message in err
+
+
+def test_a_save_dir_that_is_a_file_is_one_line(data_root, tmp_path):
+    taken = tmp_path / "runs"
+    taken.write_text("my notes\n")
+    code, err = fedrcl(data_root, taken)
+    assert code == 1
+    assert_short(err, f"fedrcl: error: trainer.logger save_dir {taken}: it is a file, not a folder")
+    assert taken.read_text() == "my notes\n"
+
+
+class RemoveRunFolder(L.Callback):
+    """Deletes the run folder at the start of round ``round`` (as a user cleaning up by mistake)."""
+
+    def __init__(self, round: int = 2):
+        self.round = round
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch + 1 == self.round:
+            shutil.rmtree(trainer.log_dir)
+
+
+def test_a_run_folder_deleted_mid_run_is_one_line_naming_it(data_root, tmp_path):
+    """It ended in two tracebacks (139 lines) of TensorBoard's writer on a file that was gone."""
+    code, err = fedrcl(data_root, tmp_path / "runs", "--trainer.rounds", "3",
+                       "--trainer.callbacks+=test_bad_input.RemoveRunFolder")
+    run = tmp_path / "runs" / "quickstart" / "version_0"
+    assert code == 1
+    assert_short(err, f"fedrcl: error: the run folder {run} was deleted while the run wrote into it (round 2), "
+                      "its checkpoints with it; start the run again")
+
+
+def test_a_full_disk_at_start_names_the_run_folder_and_resumes(data_root, tmp_path, monkeypatch):
+    """Lightning's hparams.yaml meets a full disk at the start of a resume: one line naming where, saying that
+    the run can resume (it said only ``No space left on device``); then it resumes."""
+    import faults
+
+    run_cli(data_root, tmp_path, rounds=1)
+    with monkeypatch.context() as patch:
+        faults.install("enospc:hparams.yaml:1", patch)
+        code, err = fedrcl(data_root, tmp_path, "--ckpt_path", "last", "--trainer.rounds", "2")
+    assert code == 1
+    assert_short(err, f"fedrcl: error: {tmp_path / 'quickstart' / 'version_1'}: No space left on device "
+                      "(injected), writing into the run folder; make room, then resume with --ckpt_path last (the "
+                      f"newest usable checkpoint under {tmp_path / 'quickstart'})")
+    resumed = run_cli(data_root, tmp_path, "--ckpt_path", "last", rounds=2)
+    assert resumed.trainer.current_epoch == 2

@@ -174,6 +174,20 @@ def test_an_explicit_damaged_checkpoint_is_named(data_root, tmp_path, damage, na
         run_cli(data_root, tmp_path, "--ckpt_path", str(bad), rounds=2, model=FEDAVG)
 
 
+@pytest.mark.parametrize("subcommand", ["fit", "validate"])
+def test_an_explicit_checkpoint_with_non_finite_weights_is_refused(data_root, tmp_path, subcommand):
+    """``--ckpt_path last`` passes such a file over; named explicitly it was loaded, and the run diverged."""
+    cli = run_cli(data_root, tmp_path, rounds=1, model=FEDAVG)
+    checkpoint = read_checkpoint(Path(cli.trainer.logger.log_dir) / "checkpoints" / "last.ckpt")
+    checkpoint["state_dict"]["backbone.fc1.weight"][0, 0] = float("inf")
+    bad = tmp_path / "inf.ckpt"
+    torch.save(checkpoint, bad)
+    with pytest.raises(ValueError, match=re.escape(f"--ckpt_path {bad}: its weights are not finite (NaN or inf)")):
+        run_cli(data_root, tmp_path / "again", "--ckpt_path", str(bad), subcommand=subcommand, rounds=2,
+                model=FEDAVG)
+    assert not list((tmp_path / "again").rglob("*.ckpt")) and not list((tmp_path / "again").rglob("events.*"))
+
+
 def test_last_with_nothing_to_resume_says_so(data_root, tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing to resume .* leave out --ckpt_path"):
         run_cli(data_root, tmp_path, "--ckpt_path", "last", rounds=1, model=FEDAVG)

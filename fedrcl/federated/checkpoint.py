@@ -6,7 +6,8 @@
   folder entry synced. A kill or a full disk at any moment leaves the old file or the new one, never a part
   of one, also when the run folder lies on another filesystem than ``/tmp`` (Lightning's own writer stages in
   ``/tmp`` and copies across). A checkpoint with non-finite weights is not written. Reading names an empty
-  or truncated file as such and uses ``torch.load(weights_only=True)``.
+  or truncated file as such and uses ``torch.load(weights_only=True)``; a file given by name
+  (``--ckpt_path FILE``) with non-finite weights is refused (``check_usable``), as ``last`` passes such over.
 - ``RoundCheckpoint``: Lightning's ``ModelCheckpoint`` every ``checkpoint_every`` rounds and after the last
   round, with ``last.ckpt`` beside the round files. A user's own ``ModelCheckpoint`` adds files beside it.
   The round's scalars are logged and flushed before its checkpoint is written (``log_round``), so a resume
@@ -90,16 +91,25 @@ def read_checkpoint(path: Any, map_location: Any = "cpu", mmap: bool = False) ->
         raise UnreadableCheckpoint(path, f"truncated or not a checkpoint ({size} bytes; {first})") from error
 
 
-def check_readable(path: Optional[str]) -> None:
-    """Raise ``UnreadableCheckpoint`` if ``path`` is a local checkpoint file that cannot be read, and
-    ``FileNotFoundError`` if it names none (Lightning's words ``last``, ``best``, ``hpc``, ``registry`` aside)."""
+def finite_weights(checkpoint: Mapping[str, Any]) -> bool:
+    """Whether a loaded checkpoint's model weights are all finite (no NaN or inf)."""
+    return all_finite(checkpoint.get("state_dict", {}).values())
+
+
+def check_usable(path: Optional[str]) -> None:
+    """Raise ``UnreadableCheckpoint`` if ``path`` is a local checkpoint file that cannot be read, ``ValueError``
+    if its weights are not finite (what ``--ckpt_path last`` passes over: training or evaluating from it is
+    meaningless) and ``FileNotFoundError`` if it names none (Lightning's words ``last``, ``best``, ``hpc``,
+    ``registry`` aside)."""
     if not path or not _is_local(path) or path in ("last", "best", "hpc", "registry"):
         return
     if not os.path.exists(path):
         raise FileNotFoundError(f"--ckpt_path {path}: no such file (a checkpoint file, or last: the newest "
                                 "usable checkpoint of the run name)")
-    if os.path.isfile(path):
-        read_checkpoint(path, mmap=True)
+    if os.path.isfile(path) and not finite_weights(read_checkpoint(path, mmap=True)):
+        raise ValueError(f"--ckpt_path {path}: its weights are not finite (NaN or inf), so nothing can train or "
+                         "be evaluated from it; name an earlier checkpoint, or --ckpt_path last (the newest "
+                         "usable one)")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -210,7 +220,7 @@ def why_not_resumable(checkpoint: Mapping[str, Any], fingerprint: Mapping[str, A
     """Why a loaded checkpoint cannot resume this run (``None`` if it can)."""
     if "loops" not in checkpoint or "callbacks" not in checkpoint:
         return "holds weights only (no training state)"
-    if not all_finite(checkpoint.get("state_dict", {}).values()):
+    if not finite_weights(checkpoint):
         return "non-finite weights"
     files = checkpoint.get("client_state", {}).get("files", {}).values()
     missing = [p for p in files if not os.path.exists(p)]
@@ -248,13 +258,13 @@ def check_rounds(path: str, rounds: int) -> None:
 
 def resume_path(trainer: L.Trainer, model: L.LightningModule, datamodule: Any, ckpt_path: str) -> str:
     """The checkpoint ``--ckpt_path`` resumes from (``last``: ``find_resumable``), checked before anything is
-    loaded: a local file that is missing or unreadable (``check_readable``), another configuration's
-    (``check_configuration``) or one with more rounds than ``trainer.rounds`` (``check_rounds``) raises,
-    naming it. ``fedrcl fit``'s and a Flower run's resume both go through here."""
+    loaded: a local file that is missing, unreadable or holds non-finite weights (``check_usable``), another
+    configuration's (``check_configuration``) or one with more rounds than ``trainer.rounds`` (``check_rounds``)
+    raises, naming it. ``fedrcl fit``'s and a Flower run's resume both go through here."""
     allow = trainer.federation.allow_changes  # type: ignore[attr-defined]  # a FederatedTrainer
     fingerprint = run_fingerprint(trainer, model, datamodule)
     path = find_resumable(trainer, fingerprint, allow) if ckpt_path == "last" else ckpt_path
-    check_readable(path)
+    check_usable(path)
     check_configuration(path, fingerprint, allow)
     assert trainer.max_epochs is not None  # FederatedTrainer sets max_epochs to trainer.rounds
     check_rounds(path, trainer.max_epochs)

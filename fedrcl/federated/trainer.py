@@ -1,13 +1,16 @@
 """FederatedTrainer: Lightning's Trainer with rounds, clients and a server optimizer."""
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Literal, Optional
 
 import lightning as L
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
 
 from fedrcl.analysis.layout import ScalarLayout
 from fedrcl.federated.checkpoint import RoundCheckpoint, find_resumable, resume_path, with_atomic_checkpoint_io
@@ -18,6 +21,7 @@ from fedrcl.federated.fingerprint import run_fingerprint
 from fedrcl.federated.preemption import Preemption, PreemptionSignals, preempted
 from fedrcl.federated.progress import WeightsSummary, quiet_lightning, round_progress
 from fedrcl.federated.round_axis import log_against_rounds
+from fedrcl.federated.run_folder import check_save_dirs, quiet_writer_threads, run_folder_error
 from fedrcl.federated.strategy import check_federated_strategy, federated_ddp_names
 from fedrcl.server import ServerOptimizer
 
@@ -45,6 +49,26 @@ def check_accelerator(accelerator: Any) -> None:
     if not ({"cuda", "mps"} if accelerator == "gpu" else {accelerator}) & set(usable):
         raise ValueError(f"trainer.accelerator {accelerator}: this machine has none; available here: "
                          f"{', '.join(['auto', *usable])}")
+
+
+def check_nodes(trainer: L.Trainer) -> None:
+    """``trainer.num_nodes`` > 1 with Lightning's own launch (no torchrun, SLURM, ...): refuse it, in one line,
+    unless ``MASTER_ADDR``, ``MASTER_PORT`` and ``NODE_RANK`` say where the nodes meet (without them no other
+    node could ever join, and the run waited for ever without a word); with them, say what it waits for."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if trainer.num_nodes <= 1 or type(environment) is not LightningEnvironment:
+        return
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK") if k not in os.environ
+               and not (k == "NODE_RANK" and "GROUP_RANK" in os.environ)]
+    if missing:
+        raise ValueError(
+            f"trainer.num_nodes={trainer.num_nodes} without a launcher (torchrun, SLURM's srun) needs "
+            f"{', '.join(missing)} in the environment of each node's command: MASTER_ADDR and MASTER_PORT of "
+            f"node 0, NODE_RANK 0 .. {trainer.num_nodes - 1}; without them no other node can join this one "
+            "(docs/distributed.md)")
+    rank_zero_info(f"trainer.num_nodes={trainer.num_nodes}: node {environment.node_rank()} waits for the "
+                   f"other nodes' processes ({trainer.world_size} in all) at {environment.main_address}:"
+                   f"{environment.main_port}")
 
 
 class FederatedTrainer(L.Trainer):
@@ -96,6 +120,10 @@ class FederatedTrainer(L.Trainer):
         for key, (default, instead) in OWNED_BY_ROUNDS.items():
             if kwargs.pop(key, default) != default:
                 raise ValueError(f"trainer.{key} is set by fedrcl's round loop: {instead}")
+        if kwargs.get("barebones"):
+            raise ValueError("trainer.barebones: Lightning's barebones mode turns off the loggers and callbacks a "
+                             "federated run is made of (the round loop, checkpoints, evaluation's EMA); it must "
+                             "stay false")
         for key, value in (("rounds", rounds), ("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
             if value < 1:
                 raise ValueError(f"trainer.{key} must be >= 1, got {value}")
@@ -123,6 +151,8 @@ class FederatedTrainer(L.Trainer):
                 max_epochs=rounds, check_val_every_n_epoch=eval_every, num_sanity_val_steps=0,
                 reload_dataloaders_every_n_epochs=1, callbacks=[self.federation, *callbacks], **kwargs)
         check_federated_strategy(self.strategy)
+        check_nodes(self)
+        check_save_dirs(self)
         log_against_rounds(self)
         self._signal_connector = PreemptionSignals(self)
 
@@ -139,13 +169,21 @@ class FederatedTrainer(L.Trainer):
 
         Lightning's ``fit``: ``ckpt_path="last"`` resumes from the newest usable checkpoint of the run name
         (``fedrcl.federated.checkpoint.find_resumable``); a checkpoint of another configuration is refused
-        before anything is loaded. A stop signal ends the run after its round (``Preempted``)."""
+        before anything is loaded. A stop signal ends the run after its round (``Preempted``). A write into
+        the run folder that fails without naming a file (the folder deleted, a full disk) is named
+        (``fedrcl.federated.run_folder``)."""
         if ckpt_path is not None:
             ckpt_path = resume_path(self, model, datamodule, ckpt_path)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), quiet_writer_threads():
             # A run stopped by its trainer.max_time and resumed without one: its Timer's state is not needed.
             warnings.filterwarnings("ignore", message=r".*add the following callbacks: \['Timer'\]")
-            super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
+            try:
+                super().fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only)
+            except Exception as error:
+                named = run_folder_error(self, error)
+                if named is None:
+                    raise
+                raise named from error
         stop = preempted(self)
         if stop is not None:  # exit status 128 + signal, after the round's checkpoint
             raise stop
