@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -45,8 +46,9 @@ BACKEND_ARGS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def max_relative_difference(reference: Mapping[str, Any], other: Mapping[str, Any]) -> float:
-    """Of two state dicts (name -> tensor): the largest, over tensors, of ``max|a - b| / max|a|`` (``max|a - b|`` where ``a`` is all zeros); ``inf``
-    when the two hold other names or shapes."""
+    """Of two state dicts (name -> tensor): the largest, over tensors, of ``max|a - b| / max|a|``
+    (``max|a - b|`` where ``a`` is all zeros); ``inf`` when the two hold other names or shapes, or the other
+    non-finite values where the reference has none."""
     import torch
 
     if reference.keys() != other.keys() or any(reference[k].shape != other[k].shape for k in reference):
@@ -54,10 +56,12 @@ def max_relative_difference(reference: Mapping[str, Any], other: Mapping[str, An
     worst = 0.0
     for name, a in reference.items():
         a, b = a.double(), other[name].double()
+        if not bool(torch.isfinite(b).all()) and bool(torch.isfinite(a).all()):
+            return float("inf")  # non-finite weights never agree
         diff = float((a - b).abs().max()) if a.numel() else 0.0
         scale = float(a.abs().max()) if a.numel() else 0.0
         worst = max(worst, diff / scale if scale > 0 else diff)
-    return worst if worst == worst else float("inf")  # NaN weights never agree
+    return worst
 
 
 @dataclass
@@ -109,17 +113,20 @@ def run_backend(backend: str, fit_args: Sequence[str], rounds: int, scratch: Pat
 
 
 def error_line(output: str) -> str:
-    """The run's own error line (``fedrcl: error: ...``, else its last line)."""
+    """The run's own error line: fedrcl's (``fedrcl: error: ...``), else the last exception named in its output
+    (a node's, on Flower), else its last line."""
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
-    errors = [line for line in lines if "error:" in line]
-    return (errors or lines or ["no output"])[-1]
+    ours = [line for line in lines if re.match(r"fedrcl( \w+)?: error:", line)]
+    raised = [line for line in lines if re.match(r"[\w.]*(Error|Exception|Failure)\b", line)]
+    return (ours or raised or lines or ["no output"])[-1]
 
 
 def verdict(run: BackendRun, reference: Optional[BackendRun]) -> tuple[str, str]:
     """``(difference, verdict)`` cells of ``run`` against the sequential ``reference``."""
     if run.weights is None:
         line = error_line(run.output)
-        return "", ("refused: " if "fedrcl: error:" in line else "failed: ") + line.removeprefix("fedrcl: error: ")
+        ours = re.match(r"fedrcl( \w+)?: error: ", line)
+        return "", f"refused: {line[ours.end():]}" if ours else f"failed: {line}"
     if reference is None or run is reference:
         return "reference", "" if reference is run else "no sequential run to compare with"
     if reference.weights is None:

@@ -166,3 +166,19 @@ def test_compiled_batched_step_equals_eager(monkeypatch):
     for a, b in zip(compiled[2], eager[2]):
         torch.testing.assert_close(a, b)
     assert model._params["fc.weight"] is model.backbone.fc.weight  # the mapped call put it back
+
+
+def test_compiled_batched_loss_is_one_graph_over_rounds(data_root, tmp_path, monkeypatch):
+    """The mapped loss with each client's own facts (``self.client`` rebuilt per slice) compiles to one graph:
+    no graph break, no recompile over 3 rounds (FedRCL, aot_eager on the CPU). The backward and the optimizer
+    step stay outside the compiled graph."""
+    from torch._dynamo.utils import counters
+
+    from fedrcl.federated import batched
+
+    monkeypatch.setattr(batched, "COMPILE_BACKEND", "aot_eager")
+    counters.clear()
+    run_cli(data_root, tmp_path, "--trainer.client_batching", "on", "--trainer.compile_clients", "true",
+            "--data.local_iters_per_epoch", "3", rounds=3, model="fedrcl.algorithms.FedRCL")
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 1

@@ -489,3 +489,12 @@ def test_fedrcl_report_reads_a_flower_run_as_the_fit_run(runs, tmp_path):
         tables.append((tmp_path / f"{name}.md").read_text().replace(str(run.parents[1]), "RUNS"))
     assert tables[0] == tables[1]
     assert "FedACG" in tables[1]
+
+
+def test_a_flower_run_opens_on_accuracy_in_tensorboard_as_a_fit_run(runs):
+    """The ``accuracy/`` copies of ``val/acc`` and ``val/acc_ema`` (``fedrcl.analysis.layout``), every round."""
+    fit, flower = runs["fedavg"]
+    copies = [{tag: values[1].tolist() for tag, values in load_scalars(run).items() if tag.startswith("accuracy/")}
+              for run in (fit, flower)]
+    assert copies[0] == copies[1] and set(copies[0]) == {"accuracy/val/acc", "accuracy/val/acc_ema"}
+    assert len(copies[1]["accuracy/val/acc"]) == ROUNDS

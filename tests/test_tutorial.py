@@ -75,7 +75,7 @@ def test_tutorial_runs_as_written(tmp_path, data_root, monkeypatch, capsys):
     for experiment, method in (("fedavg", "FedAvg"), ("my_method", "MyMethod")):  # paths below RUNS_DIR
         assert re.search(rf"^\| {experiment} \| {method} \| FedAvg \| 3 \| 0,1,2 ", seeds, flags=re.M), seeds
     # `fedrcl fit` with the config's seeds is seed 0 of `fedrcl seeds`: the same curve.
-    single = load_scalars(tmp_path / "runs" / "quickstart")["val/acc_ema"]
+    single = load_scalars(tmp_path / "runs" / "my_method")["val/acc_ema"]
     seed0 = load_scalars(tmp_path / "runs" / "tutorial" / "my_method" / "seed0")["val/acc_ema"]
     assert single[0].tolist() == seed0[0].tolist() == [1, 2] and single[1].tolist() == seed0[1].tolist()
     # Per-client state: one file per client that trained, named by the manifest of the last checkpoint.

@@ -27,13 +27,14 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.common import log
 from flwr.common.logger import FLOWER_LOGGER
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 from fedrcl.cli import split_ckpt_path
 from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint, resume_path
-from fedrcl.analysis.layout import ScalarLayout
+from fedrcl.analysis.layout import ACCURACY_FIRST, ScalarLayout
 from fedrcl.federated.preemption import Preemption
 from fedrcl.federated.progress import RoundLines, RoundLog, RunClock, round_line
 from fedrcl.contract.exchange import check_method
@@ -167,7 +168,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
                               restart_wait=restart_wait)
     strategy.steps = steps
     strategy.kept = strategy.manifest()  # a resumed run's checkpoint refers to these files
-    loggers = [getattr(lg.log_metrics, "__wrapped__", lg.log_metrics) for lg in trainer.loggers]
+    loggers = [(lg, getattr(lg.log_metrics, "__wrapped__", lg.log_metrics)) for lg in trainer.loggers]
     started = [time.perf_counter()]
     clock = RunClock()
     clock.fit_started(trainer)
@@ -187,8 +188,10 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
             metrics["val/acc_ema"] = module.acc_ema
         _, ledger = strategy.ledger.metrics()
         ledger.update({f"flower/{d}_bytes": float(n) for d, n in strategy.payload.items()})
-        for log_metrics in loggers:  # before the round's checkpoint, as fedrcl fit does
-            log_metrics({**metrics, **ledger}, step=round_idx + 1)
+        accuracy = {copy: metrics[tag] for tag, copy in ACCURACY_FIRST.items() if tag in metrics}
+        for logger, log_metrics in loggers:  # before the round's checkpoint, as fedrcl fit does; TensorBoard
+            first = accuracy if isinstance(logger, TensorBoardLogger) else {}  # opens on the accuracy copies
+            log_metrics({**metrics, **ledger, **first}, step=round_idx + 1)
         shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss") if k in metrics}
         log(INFO, "%s  clients %s", round_line(trainer, shown, clock), strategy.clients)
         clock.round_started()
