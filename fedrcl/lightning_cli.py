@@ -159,16 +159,22 @@ def check_yaml_size(text: str) -> None:
 
 
 def check_typed_yaml(args: list[str]) -> None:
-    """Raise ``ValueError`` naming the key if a value typed on the command line is YAML whose aliases expand
-    too far (``check_yaml_size``): jsonargparse loads values with PyYAML too, unbounded."""
+    """Raise ``ValueError`` naming the key (and the file) if a value typed on the command line, or a YAML file
+    it names (``--model.init_args.backbone backbone.yaml``), is YAML too large or whose aliases expand too far
+    (``check_yaml_size``): jsonargparse loads both with PyYAML, unbounded."""
     for key, value in typed_pairs(args):
-        if "&" in value and "*" in value:
-            try:
-                check_yaml_size(value)
-            except YAMLTooLarge as e:
-                raise ValueError(f"--{key}: refused, {e}") from None
-            except yaml.YAMLError:
-                continue  # not YAML: jsonargparse's own error names it
+        if key == "config":
+            continue  # ``ConfigFile`` checks it, naming it as a config file
+        path = Path(value)
+        named = path.suffix in (".yaml", ".yml") and os.path.isfile(value)
+        if not named and not ("&" in value and "*" in value):
+            continue
+        try:
+            check_yaml_size(path.read_text(encoding="utf-8", errors="replace") if named else value)
+        except YAMLTooLarge as e:
+            raise ValueError(f"--{key} {value}: refused, {e}" if named else f"--{key}: refused, {e}") from None
+        except yaml.YAMLError:
+            continue  # not YAML: jsonargparse's own error names it
 
 
 class ConfigFile(ActionConfigFile):

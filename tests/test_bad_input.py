@@ -505,6 +505,15 @@ def test_a_config_that_refers_to_itself_or_is_too_large_is_one_line(data_root, t
     assert message in err
 
 
+def test_a_yaml_file_given_as_a_value_is_bounded_too(data_root, tmp_path):
+    """``--key FILE.yaml``: jsonargparse reads the file as that key's value, with PyYAML."""
+    bad = tmp_path / "server.yaml"
+    bad.write_text("class_path: fedrcl.server.FedAvgM\ninit_args: &x {momentum: *x}\n")
+    code, err = fedrcl(data_root, tmp_path / "runs", "--trainer.server", str(bad))
+    assert code == 1
+    assert_short(err, f"fedrcl: error: --trainer.server {bad}: refused, an alias refers to the value that holds it")
+
+
 def test_a_save_dir_that_is_a_file_is_one_line(data_root, tmp_path):
     taken = tmp_path / "runs"
     taken.write_text("my notes\n")
