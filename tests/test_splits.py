@@ -115,6 +115,37 @@ def test_malformed_json_splits_are_rejected(tmp_path, change, message):
         read_split(path, num_clients=2, num_samples=10, dataset="cifar10")
 
 
+def test_a_split_that_cannot_be_written_names_the_file(tmp_path, monkeypatch):
+    """A full disk at a run's start: ``split.json`` is its first file; the error named no file."""
+    import errno
+    import os
+
+    from fedrcl.errors import disk_error
+
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, handle):
+            self.file = real_fdopen(handle, "w")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", lambda handle, mode: Full(handle))
+    path = tmp_path / "run" / "split.json"
+    with pytest.raises(OSError) as info:
+        write_split(path, [np.array([0, 1])], "digits")
+    assert str(info.value) == f"[Errno 28] {path} not written (No space left on device)"
+    assert disk_error(info.value) is info.value  # fedrcl's one line, from its own raise
+    assert not list(path.parent.iterdir())  # no temporary file left
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     missing = tmp_path / "nope.txt"
     with pytest.raises(ValueError, match=re.escape(f"data.partition_file: {missing} does not exist")):
