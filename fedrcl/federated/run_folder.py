@@ -63,7 +63,7 @@ def run_folder_error(trainer: L.Trainer, error: BaseException) -> Optional[Excep
     folder = _run_folder(trainer)
     if folder is None:
         return None
-    if not folder.is_dir() and _caused_by(error, FileNotFoundError):
+    if not folder.is_dir() and _missing_inside(error, folder):
         return FileNotFoundError(errno.ENOENT, f"the run folder {folder} was deleted while the run wrote into it "
                                                f"(round {trainer.current_epoch + 1}), its checkpoints with it; "
                                                f"{_what_now(trainer)}")
@@ -75,11 +75,14 @@ def run_folder_error(trainer: L.Trainer, error: BaseException) -> Optional[Excep
                                f"folder; make room, then {_what_now(trainer)}")
 
 
-def _caused_by(error: Optional[BaseException], kind: type) -> bool:
+def _missing_inside(error: Optional[BaseException], folder: Path) -> bool:
+    """Whether ``error`` is or was raised from a ``FileNotFoundError`` for a file inside ``folder``."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, kind):
-            return True
+        if isinstance(error, FileNotFoundError) and error.filename is not None:
+            name = os.fsdecode(error.filename)
+            if Path(name).is_relative_to(folder):
+                return True
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return False
