@@ -29,7 +29,7 @@ from jsonargparse import ActionConfigFile, ActionSubCommands, ArgumentParser, De
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from fedrcl.algorithms import FedAvg
-from fedrcl.cli import DESCRIPTION, OTHER_SUBCOMMANDS
+from fedrcl.commands import DESCRIPTION, OTHER_SUBCOMMANDS
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.datasets import dataset_info
 from fedrcl.errors import typed_pairs

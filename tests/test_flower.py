@@ -154,6 +154,9 @@ def test_the_simulation_log_is_one_line_per_round_without_noise(runs):
     for done in range(1, ROUNDS + 1):
         assert log.count(f"Round {done}/{ROUNDS}  val/acc") == len(METHODS) + len(RESUMED), log[-3000:]
     assert log.count(f"Round {ROUNDS + 1}/{ROUNDS + 1}  val/acc") == len(RESUMED), log[-3000:]
+    # each run ends with its run folder and checkpoint, as fedrcl fit's does
+    assert log.count("  run folder: ") == log.count("  checkpoint: ") == len(METHODS) + 2 * len(RESUMED)
+    assert f"  run folder: {runs['fedavg'][1]}" in log
 
 
 def last_weights(run: Path) -> dict[str, torch.Tensor]:

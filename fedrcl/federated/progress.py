@@ -163,7 +163,7 @@ def stop_reason(trainer: L.Trainer) -> Optional[str]:
     return None if signal else "a callback set trainer.should_stop"
 
 
-def run_summary(trainer: L.Trainer, clock: RunClock) -> str:
+def run_summary(trainer: L.Trainer, clock: RunClock, last: Optional[dict[str, Any]] = None) -> str:
     """The lines a fit ends with, for example::
 
         fedrcl: stopped early after round 3/60: EarlyStopping: Monitored metric val/acc did not improve ...
@@ -171,14 +171,15 @@ def run_summary(trainer: L.Trainer, clock: RunClock) -> str:
           run folder: runs/quickstart/version_0
           checkpoint: runs/quickstart/version_0/checkpoints/last.ckpt
 
-    The first only when the fit trained fewer rounds than ``trainer.rounds`` (``stop_reason``).
+    The first only when the fit trained fewer rounds than ``trainer.rounds`` (``stop_reason``). ``last``: the
+    last round's metrics where Lightning's loop did not log them (a Flower run's server).
     """
     done, lines = trainer.current_epoch, []
-    reason = stop_reason(trainer)
+    reason = stop_reason(trainer) if last is None else None
     if reason:
         lines.append(f"fedrcl: stopped early after round {done}/{trainer.max_epochs}: {reason}")
-    metrics = [f"{k} {float(trainer.callback_metrics[k]):.4f}" for k in ("val/acc", "val/acc_ema")
-               if k in trainer.callback_metrics]
+    values = trainer.callback_metrics if last is None else last
+    metrics = [f"{k} {float(values[k]):.4f}" for k in ("val/acc", "val/acc_ema") if k in values]
     lines.append(f"fedrcl: {done}/{trainer.max_epochs} rounds in {duration(clock.elapsed())}"
                  + (f"; {', '.join(metrics)}" if metrics else ""))
     folder = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None

@@ -16,6 +16,7 @@ the rounds go on from the next one, and the scalars go to a new version folder o
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from logging import INFO, WARNING
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.common import log
-from flwr.common.logger import FLOWER_LOGGER
+from flwr.common.logger import FLOWER_LOGGER, update_console_handler
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.cli import SaveConfigCallback
@@ -36,7 +37,7 @@ from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint, resume_path
 from fedrcl.analysis.layout import ACCURACY_FIRST, ScalarLayout
 from fedrcl.federated.preemption import Preemption
-from fedrcl.federated.progress import RoundLines, RoundLog, RunClock, round_line
+from fedrcl.federated.progress import RoundLines, RoundLog, RunClock, round_line, run_summary
 from fedrcl.contract.exchange import check_method
 from fedrcl.federated.federation import Federation
 from fedrcl.contract.weights import load_state_
@@ -172,7 +173,8 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     started = [time.perf_counter()]
     clock = RunClock()
     clock.fit_started(trainer)
-    last = {"round": first_round - 1, "saved": True}  # the last round done, and whether it was checkpointed
+    # the last round done, whether it was checkpointed, and its metrics
+    last: dict[str, Any] = {"round": first_round - 1, "saved": True, "metrics": {}}
 
     def end_of_round(server_round: int, arrays: ArrayRecord) -> Optional[MetricRecord]:
         if server_round == 0:  # fedrcl does not evaluate the initial model
@@ -195,7 +197,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
         shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss") if k in metrics}
         log(INFO, "%s  clients %s", round_line(trainer, shown, clock), strategy.clients)
         clock.round_started()
-        last.update(round=round_idx, saved=save_round(trainer, module, round_idx, strategy.steps))
+        last.update(round=round_idx, saved=save_round(trainer, module, round_idx, strategy.steps), metrics=metrics)
         if last["saved"]:
             strategy.kept = strategy.manifest()
         started[0] = time.perf_counter()
@@ -208,6 +210,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
         raise ClientFailure(f"{failure}\n{stopped(trainer, module, strategy, last)}") from None
     for logger in trainer.loggers:
         logger.finalize("success")
+    log(INFO, "%s", run_summary(trainer, clock, last["metrics"]))  # the run folder, as fedrcl fit ends
     return cli, strategy
 
 
@@ -236,6 +239,9 @@ def make_server_app(args: Optional[Args] = None, timeout: float = 3600.0, more: 
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        # Colour codes only on a terminal: under flwr run the ServerApp's output is streamed to flwr's log, a
+        # file when redirected (Flower's handler colours by default).
+        update_console_handler(colored=sys.stderr.isatty())
         wait = float(context.run_config.get("round-timeout", timeout))
         back = float(context.run_config.get("node-restart-wait", restart_wait))
         for run in (run_args(context.run_config, args), *more):
