@@ -45,7 +45,7 @@ napoleon_use_ivar = True  # a dataclass's "Attributes:" and its fields are one e
 # Type hints name classes of other libraries (torch, Lightning) that this site has no inventory for.
 nitpick_ignore_regex = [(r"py:.*", r"(torch|lightning|torchmetrics|numpy|np|nn|L|jsonargparse|yaml|"
                                    r"matplotlib|safetensors|collections|typing|pathlib|argparse|datetime|F|flwr|"
-                                   r"logging|multiprocessing)\..*"),
+                                   r"logging|multiprocessing|socket)\..*"),
                         (r"py:.*", r"(Tensor|Path|Namespace|Any|Optional|Callable|Mapping|Sequence|Iterable|"
                                    r"Iterator|Counter|Union|Module|Figure|Axes|ndarray|State|Backbone|Partition|Mode|Tensors|Reduce|"
                                    r"RecordDict|Grid|Message|Run|NodeInfo|Connection)")]

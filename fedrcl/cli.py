@@ -154,6 +154,9 @@ def run_subcommand(argv: list[str], args: list[str] | None) -> None:
     """``fedrcl <argv>`` for a known subcommand: ``OTHER_SUBCOMMANDS`` in their module, the rest in
     LightningCLI (``args``: as given to ``main``, ``None`` for the command line)."""
     if argv[0] in OTHER_SUBCOMMANDS:
+        from fedrcl.output import quiet_when_closed
+
+        quiet_when_closed()  # ``fedrcl seeds ... | head``: a closed pipe silences the parent, never its seeds
         import_module(OTHER_SUBCOMMANDS[argv[0]][0]).main(argv[1:])
         return
     if "-h" in argv or "--help" in argv:  # what a run can pick comes first, before Lightning has loaded

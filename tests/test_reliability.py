@@ -545,3 +545,19 @@ def test_a_resume_does_not_warn_that_its_checkpoint_folder_moved(data_root, tmp_
         warnings.simplefilter("always")
         run_cli(data_root, tmp_path, "--ckpt_path", "last", rounds=2, model=FEDAVG)
     assert not [w for w in caught if "dirpath has changed" in str(w.message)]
+
+
+def test_a_closed_pipe_never_stops_the_other_subcommands():
+    """``fedrcl methods | true`` (as ``report``, ``plot``, ``seeds`` and ``check``, which share the path): the
+    reader is gone before the first line; the listing goes nowhere, exit status 0, no ``BrokenPipeError``."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-m", "fedrcl.cli", "methods"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        child.stdout.close()  # before the child's first write
+        code = child.wait(timeout=120)
+        errors = child.stderr.read().decode()
+    finally:
+        child.kill()
+    assert code == 0 and "BrokenPipeError" not in errors, errors

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Optional
 
 from fedrcl.cli import split_ckpt_path
 from fedrcl.flower.config import Args, as_args, build
+from fedrcl.output import quiet_when_closed
 
 if TYPE_CHECKING:  # Flower is imported where a simulation starts
     from flwr.common import ConfigRecordValues
@@ -76,4 +77,5 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="seconds a round waits for its clients; a client still silent stops the run, named")
     parser.add_argument("--verbose", action="store_true", help="Flower's DEBUG log")
     known, rest = parser.parse_known_args(argv)
+    quiet_when_closed()  # ``python -m fedrcl.flower ... | head``: a closed pipe silences the run, never stops it
     simulate(rest, known.num_supernodes, known.cpus_per_client, known.verbose, round_timeout=known.round_timeout)
