@@ -273,15 +273,15 @@ def _round(num_clients: int = 6, nodes: Optional[dict[int, int]] = None):
     return strategy, messages
 
 
-def _reply(message, weights: dict[int, torch.Tensor], failure: dict[int, str] = {}):
-    """A node's reply: per client of the message, its weights, summed losses and status."""
+def _reply(message, weights: dict[int, torch.Tensor], failure: dict[int, str] = {}, steps: int = 2):
+    """A node's reply: per client of the message, its weights, summed losses, steps and status."""
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
     records = {}
     for k in message.content["fedrcl.round"]["clients"]:
         records.update({f"fedrcl.{k}.weights": ArrayRecord.from_torch_state_dict({"w": weights[k]}),
                         f"fedrcl.{k}.upload": ArrayRecord(),
-                        f"fedrcl.{k}.train": MetricRecord({"steps": 2, "loss": 1.5}),
+                        f"fedrcl.{k}.train": MetricRecord({"steps": steps, "loss": 1.5}),
                         f"fedrcl.{k}.status": ConfigRecord({"failure": failure.get(k, ""), "state_file": ""})})
     return Message(RecordDict(records), reply_to=message)
 
@@ -328,6 +328,22 @@ def test_a_diverged_client_stops_the_round_naming_it(server_task):
     diverged = [_reply(m, ones, failure={clients[1]: "non-finite loss"}) for m in messages]
     with pytest.raises(DivergenceError, match=f"client {clients[1]} \\(non-finite loss\\)"):
         strategy.aggregate_train(1, diverged)
+
+
+def test_the_servers_client_facts_are_the_planned_ones_and_a_node_that_trained_others_stops_the_round(
+        server_task):
+    """``receive_upload`` sees each client's planned steps (it saw 0 on Flower); a reply with other steps (a
+    node with other data or settings) stops the round naming the client."""
+    from fedrcl.flower.nodes import ClientFailure
+
+    strategy, messages = _round()
+    assert strategy.round is not None
+    assert {context.num_steps for context, _ in strategy.round.clients.values()} == {2}
+    assert all(context.data is None for context, _ in strategy.round.clients.values())  # no client data here
+    clients = sample_clients(6, 3, 0, 0)
+    ones = {k: torch.ones(5) for k in clients}
+    with pytest.raises(ClientFailure, match=f"client {clients[0]} trained 3 steps, the server planned 2"):
+        strategy.aggregate_train(1, [_reply(m, ones, steps=3) for m in messages])
 
 
 @pytest.mark.parametrize("model, message", [
