@@ -16,8 +16,8 @@ from typing import Any, Optional
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
-from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.algorithms.client_state import ClientStateStore
+from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.contract.context import ClientContext
 from fedrcl.contract.processes import gather_objects
 

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms.client_memory import PersistentClientState
-from fedrcl.data.datamodule import datamodule_of
 from fedrcl.contract.context import ClientContext
+from fedrcl.data.datamodule import datamodule_of
 from fedrcl.losses.dynamic_regularizer import dual_update, dynamic_regularizer
 from fedrcl.models.output import ModelOutput
 from fedrcl.server.feddyn import FedDyn as FedDynServer

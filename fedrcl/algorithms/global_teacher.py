@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from fedrcl.algorithms.fedavg import FedAvg
-from fedrcl.contract.context import ClientContext
 from fedrcl.algorithms.teacher import FrozenGlobalModel
+from fedrcl.contract.context import ClientContext
 
 
 class GlobalTeacherClient(FedAvg):

@@ -27,8 +27,8 @@ from torch import Tensor
 
 from fedrcl.algorithms.client_memory import PersistentClientState
 from fedrcl.algorithms.global_teacher import GlobalTeacherClient
-from fedrcl.contract.context import ClientContext
 from fedrcl.algorithms.teacher import FrozenGlobalModel
+from fedrcl.contract.context import ClientContext
 from fedrcl.losses.model_contrastive import model_contrastive_loss
 from fedrcl.models.output import ModelOutput
 

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrcl.algorithms.client_memory import PersistentClientState
-from fedrcl.data.datamodule import datamodule_of
 from fedrcl.contract.context import ClientContext
+from fedrcl.data.datamodule import datamodule_of
 from fedrcl.losses.control_variate import control_variate_delta, linear_term
 from fedrcl.models.output import ModelOutput
 from fedrcl.server.scaffold import SCAFFOLD as ScaffoldServer

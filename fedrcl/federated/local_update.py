@@ -22,8 +22,8 @@ from torch import Tensor
 
 from fedrcl.contract.exchange import check_method
 from fedrcl.contract.plan import RoundPlan
-from fedrcl.federated.round import ClientResult, ClientRun, Downlink, client_context
 from fedrcl.contract.weights import snapshot
+from fedrcl.federated.round import ClientResult, ClientRun, Downlink, client_context
 
 if TYPE_CHECKING:
     import fedrcl.algorithms.fedavg

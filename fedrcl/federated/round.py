@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import Tensor
 
-from fedrcl.federated.aggregation import WeightedSum
-from fedrcl.federated.communication import RoundLedger
 from fedrcl.contract.context import ClientContext, ClientData
 from fedrcl.contract.exchange import ClientExchange, Reduce, Tensors
 from fedrcl.contract.plan import RoundPlan
 from fedrcl.contract.weights import load_state_
+from fedrcl.federated.aggregation import WeightedSum
+from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.divergence import DivergenceError, all_finite, client_failure, divergence_message
 
 if TYPE_CHECKING:  # the round imports neither Lightning nor the algorithms at run time

@@ -32,16 +32,16 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
+from fedrcl.analysis.layout import ACCURACY_FIRST, ScalarLayout
 from fedrcl.cli import split_ckpt_path
+from fedrcl.contract.exchange import check_method
+from fedrcl.contract.weights import load_state_
 from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint, resume_path
-from fedrcl.analysis.layout import ACCURACY_FIRST, ScalarLayout
+from fedrcl.federated.federation import Federation
+from fedrcl.federated.local_update import attach
 from fedrcl.federated.preemption import Preemption
 from fedrcl.federated.progress import RoundLines, RoundLog, RunClock, round_line, run_summary
-from fedrcl.contract.exchange import check_method
-from fedrcl.federated.federation import Federation
-from fedrcl.contract.weights import load_state_
-from fedrcl.federated.local_update import attach
 from fedrcl.flower.config import Args, as_args, build, run_args
 from fedrcl.flower.nodes import ClientFailure
 from fedrcl.flower.strategy import FedrclStrategy

@@ -38,9 +38,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedrcl.algorithms.client_state import ClientStateStore
-from fedrcl.federated.communication import RoundLedger
 from fedrcl.contract.exchange import ClientExchange
 from fedrcl.contract.plan import RoundPlan
+from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.round import ClientResult, ServerRound
 from fedrcl.federated.sampling import sample_clients
 from fedrcl.flower.nodes import ClientFailure, Fleet, FleetGrid
