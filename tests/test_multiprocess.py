@@ -64,6 +64,7 @@ def test_two_processes_give_one_process_results(data_root, tmp_path):
     fit_two_processes(data_root, tmp_path / "two", *extra, rounds=3, model=model)
     ckpt, events = last_run(tmp_path / "two")
     assert ckpt["epoch"] == 2
+    assert ckpt["global_step"] == one.trainer.global_step  # every client's local steps, in both
     assert_same_state(one.model.state_dict(), ckpt["state_dict"])
     memory = one.trainer.federation.server.state_dict()  # the server's momentum went through the checkpoint
     saved = next(v for k, v in ckpt["callbacks"].items() if "Federation" in k)["server"]

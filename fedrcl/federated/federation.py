@@ -63,8 +63,9 @@ def client_algorithm(pl_module: L.LightningModule) -> ClientAlgorithm:
 
 def count_client_steps(trainer: L.Trainer, steps: int) -> None:
     """Add ``steps`` to Lightning's optimizer-step count: a batched step is one step of each of K clients,
-    counted K times, so that ``global_step`` (in checkpoints and logs) means the clients' local steps on every
-    backend (``fedrcl fit``, batched, several processes, Flower)."""
+    counted K times, and each process adds the other processes' clients' steps at the round's end, so that
+    ``global_step`` (in checkpoints and logs) means the clients' local steps on every backend (``fedrcl fit``,
+    batched, several processes, Flower)."""
     progress = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
     progress.ready += steps
     progress.completed += steps
@@ -241,6 +242,11 @@ class Federation(L.Callback):
         algorithm = client_algorithm(pl_module)
         load_state_(algorithm.backbone, self.round.finish())
         self.round, self._clients = None, []
+        if trainer.world_size > 1:  # global_step: every process's clients' steps, as in one process
+            plan, dm = self.plan(trainer.current_epoch), self.datamodule
+            sampled = sample_clients(dm.num_clients, self.clients_per_round, self.seed, plan.round_idx)
+            count_client_steps(trainer, sum(dm.client_steps_per_epoch(k) * self.local_epochs for k in sampled)
+                               - sum(plan.steps))
         pl_module.log("time/round_seconds", time.perf_counter() - self._started, on_step=False, on_epoch=True)
         pl_module.log("train/lr", algorithm.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True)
 
