@@ -46,7 +46,7 @@ def attach(trainer: L.Trainer, module: L.LightningModule, datamodule: L.Lightnin
     run's precision (``trainer.precision``: ``64-true`` trains in float64 here as in ``fit``), without running a
     loop."""
     trainer.strategy.connect(module)
-    trainer._data_connector.attach_datamodule(module, datamodule=datamodule)  # trainer.datamodule
+    trainer.datamodule = datamodule  # type: ignore[attr-defined]  # as fit sets it (undeclared); no loop reads it here
     module.trainer = trainer
     datamodule.trainer = trainer
     datamodule.setup("fit")
