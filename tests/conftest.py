@@ -5,6 +5,7 @@ import logging
 import os
 import signal
 import subprocess
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -40,12 +41,25 @@ def work_unit(nodeid: str) -> str:
     return "flower" if path.rsplit("/", 1)[-1].startswith("test_flower") else path
 
 
+# Seconds each unit of 15 s or more took (2026-11-29, ``pytest -n 0 --durations=0``, one busy core): the
+# workers take them first, longest first, so that none starts alone near the end (xdist's own order, most
+# tests first, left mypy's single test and the notebooks last). Other files follow in xdist's order; a stale
+# figure costs time, never a test.
+UNIT_SECONDS = {"flower": 310, "tests/test_reliability.py": 84, "tests/test_scaffold_feddyn.py": 57,
+                "tests/test_batched.py": 55, "tests/test_gpu_lease.py": 51, "tests/test_bad_input.py": 48,
+                "tests/test_multiprocess.py": 47, "tests/test_check.py": 37,
+                "tests/test_first_contact.py": 35, "tests/test_backbones.py": 29, "tests/test_cli.py": 28,
+                "tests/test_seeds.py": 22, "tests/test_docs.py": 21, "tests/test_types.py": 20,
+                "tests/test_baselines_more.py": 20, "tests/test_docs_pages.py": 17,
+                "tests/test_baselines.py": 15}
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Each worker runs whole files, so module fixtures run once; the Flower files share one worker, so their
-    SuperLinks, SuperNodes and Ray never run side by side. (xdist's own ``loadgroup`` marks group by a nodeid
-    suffix that pytest 9.2 no longer reads: every test became its own unit.) An explicit ``--dist`` other
-    than xdist's default ``load`` is left to xdist."""
+    SuperLinks, SuperNodes and Ray never run side by side; the longest units go first (``UNIT_SECONDS``).
+    (xdist's own ``loadgroup`` marks group by a nodeid suffix that pytest 9.2 no longer reads: every test
+    became its own unit.) An explicit ``--dist`` other than xdist's default ``load`` is left to xdist."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -53,6 +67,12 @@ def pytest_xdist_make_scheduler(config, log):
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not any(self.assigned_work.values()):  # the first assignment: the queue holds every unit
+                self.workqueue = OrderedDict(sorted(self.workqueue.items(),
+                                                    key=lambda unit: -UNIT_SECONDS.get(unit[0], 0)))
+            super()._assign_work_unit(node)
 
     return FileScheduling(config, log)
 

@@ -33,7 +33,6 @@ pytest.importorskip("flwr", reason="Flower is an optional extra: pip install -e 
 from conftest import REPO, run_cli, run_in_process_group  # noqa: E402
 from fedrcl.analysis.runs import load_scalars  # noqa: E402
 from fedrcl.federated.sampling import sample_clients  # noqa: E402
-from fedrcl.flower.localhost import LocalDeployment  # noqa: E402
 
 TUTORIAL = REPO / "docs" / "tutorial"  # the tutorial's methods, a file outside the package
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1",
@@ -484,18 +483,6 @@ def test_flower_resumes_a_flower_run_with_its_client_state(runs, data_root, tmp_
     for key in b:
         assert torch.equal(a[key], b[key]), f"{name}: {key}"
     assert load_scalars(resumed)["val/acc"][0].tolist() == [ROUNDS + 1]
-
-
-@pytest.mark.slow
-def test_localhost_deployment_reports_a_failed_run(data_root, tmp_path):
-    """``flwr run --stream`` exits with 0 even when the ServerApp fails; ``LocalDeployment.run`` asks the
-    SuperLink for the run's status and raises (here: more clients per round than clients, refused before any
-    training)."""
-    args = flower_args(data_root, tmp_path / "flower", "fedavg")
-    args[args.index("--trainer.clients_per_round") + 1] = "11"
-    with LocalDeployment(nodes=1, workdir=tmp_path / "deployment", env=FLOWER_ENV) as deployment:
-        with pytest.raises(RuntimeError, match="did not complete"):
-            deployment.run(args, timeout=300)
 
 
 def test_fedrcl_report_reads_a_flower_run_as_the_fit_run(runs, tmp_path):

@@ -41,7 +41,6 @@ def still_running(pattern: str) -> list[str]:
 
 @pytest.mark.slow
 def test_the_deployment_block_runs_as_pasted_with_fits_weights_and_one_worker_per_node(data_root, tmp_path):
-    run_cli(data_root, tmp_path / "fit", rounds=2)  # FedRCL, the quickstart's method, the block's settings
     root = tmp_path / "repo"
     root.mkdir()
     for name in ("configs", "examples"):
@@ -54,12 +53,16 @@ def test_the_deployment_block_runs_as_pasted_with_fits_weights_and_one_worker_pe
     proc = subprocess.Popen(["bash", str(script)], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
+        # fedrcl fit on the block's settings (FedRCL, the quickstart's method) while the block starts
+        run_cli(data_root, tmp_path / "fit", rounds=2)
         out, _ = proc.communicate(timeout=600)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         pytest.fail(f"the deployment block did not finish in 600 s:\n{out[-4000:]}")
     finally:
+        if proc.poll() is None:  # the fit failed: the block's processes end here
+            os.killpg(proc.pid, signal.SIGKILL)
         for pattern in ("superlink 127.0.0.1:39092", "flower-superlink --insecure --port 39092"):
             subprocess.run(["pkill", "-9", "-f", pattern])
     assert proc.returncode == 0, out[-4000:]

@@ -349,20 +349,31 @@ def superlink_with_nodes(workdir: Path, configs: list[str]
             end_group(proc)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("bad", ["partition-id=2 num-partitions=2",
-                                 "partition-id=1 num-partitions=2 data-root='{tmp}/missing'"])
-def test_a_bad_node_is_refused_at_its_query_within_30_s_named(data_root, tmp_path, bad):
-    """Two SuperNodes, one with a partition id out of range or a data root that does not exist: the run
-    stops at that node's ``query``, within 30 s of the node receiving it (no worker started, nothing built),
-    and ``flwr run``'s output names the key and its value."""
-    bad = bad.format(tmp=tmp_path) + f" state-dir='{tmp_path}/bad-state'"
-    good = f"partition-id=0 num-partitions=2 state-dir='{tmp_path}/state'"
-    with superlink_with_nodes(tmp_path, [good, bad]) as (env, outputs):
-        fedrcl_args = shlex.join(absolute(args_for(data_root, tmp_path / "runs", 1)))
+BAD_NODES = {  # node config -> what the refusal names; partition 0 is served by a good node beside them
+    "partition-id=2 num-partitions=2": "partition-id=2: must be in 0..1 (num-partitions=2)",
+    "partition-id=1 num-partitions=2 data-root='{tmp}/missing'": "data-root='{tmp}/missing': does not exist",
+}
+
+
+@pytest.fixture(scope="module")
+def refused_run(data_root, tmp_path_factory) -> dict:
+    """One SuperLink with a good SuperNode (partition 0) and one SuperNode per ``BAD_NODES`` config (each with
+    a state-dir of its own), and one ``flwr run`` on them: its output, each bad node's output lines with their
+    times and state-dir, and when ``flwr run`` ended. (One deployment for both bad nodes: the run names every
+    node that refused, ``Fleet.discover``.)"""
+    tmp = tmp_path_factory.mktemp("bad_nodes")
+    states = {bad: tmp / f"bad-state{i}" for i, bad in enumerate(BAD_NODES)}
+    configs = [f"partition-id=0 num-partitions=2 state-dir='{tmp}/state'",
+               *(bad.format(tmp=tmp) + f" state-dir='{state}'" for bad, state in states.items())]
+    with superlink_with_nodes(tmp, configs) as (env, outputs):
+        deadline = time.monotonic() + 90  # every node registered, so the run asks all three at its start
+        while not all(any("SuperNode ID:" in line for _, line in output) for output in outputs):
+            assert time.monotonic() < deadline, "".join(line for output in outputs for _, line in output)
+            time.sleep(0.2)
+        fedrcl_args = shlex.join(absolute(args_for(data_root, tmp / "runs", 1)))
         command = ["flwr", "run", str(APP), "localhost", "--stream", "--run-config",
                    f"fedrcl-args={json.dumps(fedrcl_args)}"]
-        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         lines: list[tuple[float, str]] = []
         reader = _reader(proc.stdout, lines)
@@ -374,12 +385,23 @@ def test_a_bad_node_is_refused_at_its_query_within_30_s_named(data_root, tmp_pat
             end_group(proc)
         reader.join(timeout=10)
         ended_at = time.monotonic()
-    out = "".join(line for _, line in lines)
-    node_out = "".join(line for _, line in outputs[1])
-    received = [t for t, line in outputs[1] if "Receiving: query message" in line]
+    return {"out": "".join(line for _, line in lines), "ended_at": ended_at, "tmp": tmp,
+            "nodes": {bad: (outputs[i + 1], states[bad]) for i, bad in enumerate(BAD_NODES)}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", list(BAD_NODES))
+def test_a_bad_node_is_refused_at_its_query_within_30_s_named(refused_run, bad):
+    """Beside a good SuperNode, one with a partition id out of range and one with a data root that does not
+    exist (``refused_run``): the run stops at their ``query``, within 30 s of each receiving it (no worker
+    started, nothing built), and ``flwr run``'s output names each key and its value."""
+    out, tmp = refused_run["out"], refused_run["tmp"]
+    output, state = refused_run["nodes"][bad]
+    node_out = "".join(line for _, line in output)
+    received = [t for t, line in output if "Receiving: query message" in line]
     assert received, node_out
-    named = "data-root='%s/missing': does not exist" % tmp_path if "data-root" in bad else \
-        "partition-id=2: must be in 0..1 (num-partitions=2)"
+    named = BAD_NODES[bad].format(tmp=tmp)
     assert named in out, out[-4000:] + node_out[-4000:]
-    assert ended_at - received[0] < 30, f"refused {ended_at - received[0]:.1f} s after the query"
-    assert not list((tmp_path / "bad-state").glob("worker-*"))
+    ended_in = refused_run["ended_at"] - received[0]
+    assert ended_in < 30, f"refused {ended_in:.1f} s after the query"
+    assert not list(state.glob("worker-*"))

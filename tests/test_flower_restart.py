@@ -2,7 +2,8 @@
 would) costs that node's work again and nothing else; one that does not come back (stopped with SIGTERM, it
 ends within 30 s) stops the run with its checkpoint, naming the partition and the clients it owed; started
 again, the run resumes from that checkpoint. Either way the final weights are those of a ``fedrcl fit`` run
-that never stopped. Real processes (a SuperLink, 2 SuperNodes, ``flwr run``), each step bounded by a
+that never stopped. And a run that fails is reported as failed (``flwr run`` exits with 0 either way). Real
+processes (one SuperLink and 2 SuperNodes for the module's runs, ``flwr run``), each step bounded by a
 timeout; every process group is ended on leaving, whatever happens.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,35 +54,54 @@ def in_background(deployment: LocalDeployment, args: list[str]) -> tuple[threadi
     return thread, outcome
 
 
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory) -> Iterator[LocalDeployment]:
+    """The module's deployment: a SuperLink and 2 SuperNodes, started once (seconds of process starts) for
+    its runs; a lost node waits 20 s for its node to come back."""
+    with LocalDeployment(nodes=2, workdir=tmp_path_factory.mktemp("deployment"), env=FLOWER_ENV,
+                         run_config={"node-restart-wait": 20}) as deployment:
+        yield deployment
+
+
 @pytest.mark.slow
-def test_a_killed_supernode_is_survived_or_named_and_the_weights_are_fits(data_root, tmp_path):
-    run_cli(data_root, tmp_path / "fit", rounds=ROUNDS)  # FedRCL, the quickstart's method
+def test_localhost_deployment_reports_a_failed_run(nodes, data_root, tmp_path):
+    """``flwr run --stream`` exits with 0 even when the ServerApp fails; ``LocalDeployment.run`` asks the
+    SuperLink for the run's status and raises (here: more clients per round than clients, refused before any
+    training)."""
+    args = flower_args(data_root, tmp_path / "flower", "fedavg")
+    args[args.index("--trainer.clients_per_round") + 1] = "11"
+    with pytest.raises(RuntimeError, match="did not complete"):
+        nodes.run(args, timeout=300)
+
+
+@pytest.mark.slow
+def test_a_killed_supernode_is_survived_or_named_and_the_weights_are_fits(nodes, data_root, tmp_path):
     args = flower_args(data_root, tmp_path / "flower", "fedavg")
     args[args.index("--model") + 1] = "fedrcl.algorithms.FedRCL"
     args[args.index("--trainer.rounds") + 1] = str(ROUNDS)
-    workdir = tmp_path / "deployment"
-    with LocalDeployment(nodes=2, workdir=workdir, env=FLOWER_ENV, run_config={"node-restart-wait": 20}) as nodes:
-        thread, outcome = in_background(nodes, args)
-        # round 2: a SuperNode killed as it trains and started again a second later: the round sends its
-        # message again to the new node, as soon as it answers which partition it serves
-        victim = wait_for_round(workdir, 2, timeout=600)
-        nodes.stop_node(victim)
-        time.sleep(1)
-        nodes.start_node(victim)
-        # round 3: a SuperNode stopped for good (SIGTERM: it ends within 30 s, and Flower knows it at once);
-        # the run stops after the restart wait, with round 2's checkpoint
-        victim = wait_for_round(workdir, ROUNDS, timeout=600)
-        nodes.stop_node(victim, signal.SIGTERM)
-        thread.join(900)
-        assert not thread.is_alive()
-        error = str(outcome.get("error"))
-        assert f"of partition {victim} went away and no node came back for it within 20 s; it owed clients" in error, \
-            f"{error}\n{nodes.logs()}"
-        checkpoints = tmp_path / "flower" / "quickstart" / "version_0" / "checkpoints"
-        assert f"The run stopped after round {ROUNDS - 1}, checkpoint {checkpoints / 'last.ckpt'}" in error
-        # back, and resumed from that checkpoint
-        nodes.start_node(victim)
-        nodes.run([*args, "--ckpt_path", "last"], timeout=900)
+    workdir = nodes.workdir
+    thread, outcome = in_background(nodes, args)
+    run_cli(data_root, tmp_path / "fit", rounds=ROUNDS)  # the same run by fedrcl fit, while Flower's starts
+    # round 2: a SuperNode killed as it trains and started again a second later: the round sends its
+    # message again to the new node, as soon as it answers which partition it serves
+    victim = wait_for_round(workdir, 2, timeout=600)
+    nodes.stop_node(victim)
+    time.sleep(1)
+    nodes.start_node(victim)
+    # round 3: a SuperNode stopped for good (SIGTERM: it ends within 30 s, and Flower knows it at once);
+    # the run stops after the restart wait, with round 2's checkpoint
+    victim = wait_for_round(workdir, ROUNDS, timeout=600)
+    nodes.stop_node(victim, signal.SIGTERM)
+    thread.join(900)
+    assert not thread.is_alive()
+    error = str(outcome.get("error"))
+    assert f"of partition {victim} went away and no node came back for it within 20 s; it owed clients" in error, \
+        f"{error}\n{nodes.logs()}"
+    checkpoints = tmp_path / "flower" / "quickstart" / "version_0" / "checkpoints"
+    assert f"The run stopped after round {ROUNDS - 1}, checkpoint {checkpoints / 'last.ckpt'}" in error
+    # back, and resumed from that checkpoint
+    nodes.start_node(victim)
+    nodes.run([*args, "--ckpt_path", "last"], timeout=900)
     resumed = sorted((tmp_path / "flower" / "quickstart").glob("version_*"))[-1]
     fit, flower = last_weights(tmp_path / "fit" / "quickstart" / "version_0"), last_weights(resumed)
     for key in fit:
