@@ -53,3 +53,21 @@ def test_what_batched_clients_cannot_share_is_refused_before_any_step(data_root,
     assert "\n" not in str(refused.value)
     assert not list(tmp_path.rglob("*.ckpt"))
     fit(data_root, tmp_path / "seq", "off", f"semantics_methods.{name}")  # sequential runs it as written
+
+
+def test_what_is_per_client_and_what_a_loss_kept_by_hand():
+    """The pure checks behind the refusals: values compared by content (a fresh but equal tensor or list is the
+    same), a handed-on container reset to an equal one is not kept, a new or rebound attribute is."""
+    import torch
+
+    from fedrcl.federated.batched import per_client_attributes, stored_attributes
+
+    shared = torch.ones(3)
+    views = [{"anchors": [shared], "scale": 1.0, "counts": torch.tensor([1, 2]), "mu": 0.1},
+             {"anchors": [shared.clone()], "scale": 1.01, "counts": torch.tensor([1, 3]), "mu": 0.1}]
+    assert per_client_attributes(views) == ["counts", "scale"]
+    assert per_client_attributes([{"a": 1}, {"a": 1, "b": 2}]) == ["b"]
+    maps: list = []
+    before = {"maps": maps, "client": None, "mu": 0.1, "t": shared}
+    assert stored_attributes(before, {"maps": [], "client": "another", "mu": 0.1, "t": shared}) == []
+    assert stored_attributes(before, {"maps": [], "mu": 0.2, "t": shared.clone(), "last": 1}) == ["last", "mu", "t"]

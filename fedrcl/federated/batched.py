@@ -48,7 +48,8 @@ COMPILE_BACKEND = "inductor"
 CLIENT_FACTS = ("client_id", "num_samples", "num_steps")
 # Attributes of the algorithm that are per client by design: its client (mapped), the weights (stacked).
 PER_CLIENT = {"client", "_params", "stack", "backbone"}
-REMEDY = "name it in client_tensors (a tensor, stacked per client), set unbatchable_reason, or trainer.client_batching off"
+REMEDY = ("name it in client_tensors (a tensor, stacked per client), set unbatchable_reason, or "
+          "trainer.client_batching off")
 
 
 class _UnmappedData:
