@@ -7,13 +7,14 @@ Runs the same ``fedrcl fit`` (every argument that is not this command's own is p
 rounds on each backend: ``sequential`` (clients one after another, the reference), ``batched``
 (``trainer.client_batching on``), ``processes`` (two CPU processes, ``trainer.strategy ddp``) and ``flower``
 (Flower's simulation, ``python -m fedrcl.flower``; only where Flower is installed), each as a process of its
-own with its run folder in a scratch folder (removed after), in float64 (``--trainer.precision 64-true``) so that what batched clients or
-processes sum in another order stays far below the tolerance. Then prints one table row per backend: its
-seconds, the largest relative difference of its final global weights to the sequential run's (per tensor
-``max|a - b| / max|a|``) and the verdict: ``agrees`` (bitwise, or within ``TOLERANCE``: float64 sums in
-another order, in batched kernels or an all-reduce, differ near 1e-16, a method that breaks the contract by
-1e-4 and more), ``differs``, or ``refused`` / ``failed`` with the run's own error line. Exit status 1 when any backend does
-not agree.
+own with its run folder in a scratch folder (removed after), on the CPU (where every backend is
+deterministic) and in float64 (``--trainer.precision 64-true``), so that what batched clients or processes
+sum in another order stays far below the tolerance; both override the config's. Then prints one table row
+per backend: its seconds, the largest relative difference of its final global weights to the sequential
+run's (per tensor ``max|a - b| / max|a|``) and the verdict: ``agrees`` (bitwise, or within ``TOLERANCE``:
+float64 sums in another order, in batched kernels or an all-reduce, differ near 1e-16, a method that breaks
+the contract by 1e-4 and more), ``differs``, or ``refused`` / ``failed`` with the run's own error line. Exit
+status 1 when any backend does not agree.
 
 Where a method differs, the contract it breaks is in the tutorial (docs/tutorial.md, "The contract"): what a
 client receives is fixed when the round starts, a loss keeps no state, a client never sees another client.
@@ -39,10 +40,14 @@ TOLERANCE = 1e-9  # float64: sums in another order (batched kernels, all-reduce)
 BACKEND_ARGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "sequential": ("fedrcl.cli", ("fit", "--trainer.client_batching", "off")),
     "batched": ("fedrcl.cli", ("fit", "--trainer.client_batching", "on")),
-    "processes": ("fedrcl.cli", ("fit", "--trainer.client_batching", "off", "--trainer.accelerator", "cpu",
-                                 "--trainer.devices", "2", "--trainer.strategy", "ddp")),
+    "processes": ("fedrcl.cli", ("fit", "--trainer.client_batching", "off", "--trainer.devices", "2",
+                                 "--trainer.strategy", "ddp")),
     "flower": ("fedrcl.flower", ("--trainer.client_batching", "off")),
 }
+# Set after the user's arguments, on every backend: the CPU, where every backend is deterministic (CUDA's
+# convolution backward is not), and float64.
+COMMON_ARGS = ("--trainer.accelerator", "cpu", "--trainer.precision", "64-true", "--trainer.enable_progress_bar",
+               "false")
 
 
 def max_relative_difference(reference: Mapping[str, Any], other: Mapping[str, Any]) -> float:
@@ -89,8 +94,7 @@ def run_backend(backend: str, fit_args: Sequence[str], rounds: int, scratch: Pat
 
     module, extra = BACKEND_ARGS[backend]
     save_dir = scratch / backend
-    command = [sys.executable, "-m", module, *extra, *fit_args, "--trainer.rounds", str(rounds),
-               "--trainer.precision", "64-true", "--trainer.enable_progress_bar", "false",
+    command = [sys.executable, "-m", module, *extra, *fit_args, "--trainer.rounds", str(rounds), *COMMON_ARGS,
                "--trainer.logger.init_args.save_dir", str(save_dir)]
     # The children import what this process can (the method's own file included), single-threaded by default.
     path = os.pathsep.join([*(p for p in sys.path if p), os.environ.get("PYTHONPATH", "")])
