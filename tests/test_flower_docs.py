@@ -56,6 +56,7 @@ def test_the_deployment_block_runs_as_pasted_with_fits_weights_and_one_worker_pe
         # fedrcl fit on the block's settings (FedRCL, the quickstart's method) while the block starts
         run_cli(data_root, tmp_path / "fit", rounds=2)
         out, _ = proc.communicate(timeout=600)
+        left = still_running("superlink 127.0.0.1:39092")  # what the block's own stop step left, before ours
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
@@ -70,7 +71,7 @@ def test_the_deployment_block_runs_as_pasted_with_fits_weights_and_one_worker_pe
     flower = last_weights(root / "deploy" / "runs" / "quickstart" / "version_0")
     for key in fit:
         assert torch.equal(fit[key], flower[key]), key
-    assert not still_running("superlink 127.0.0.1:39092"), "the stop step left SuperNodes running"
+    assert not left, f"the stop step left SuperNodes running: {left}"
     workers = sorted((temp / "fedrcl-flower").glob("worker-*/worker.log"))
     assert len(workers) == 2, out[-4000:]
     sampled = [sample_clients(10, 3, 0, r) for r in range(2)]
