@@ -22,9 +22,11 @@ client receives is fixed when the round starts, a loss keeps no state, a client 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 BACKENDS = ("sequential", "batched", "processes", "flower")
+OURS = re.compile(r"fedrcl( \w+)?: error: ")  # fedrcl's own error line (``fedrcl fit: error: ...``)
 TOLERANCE = 1e-9  # float64: sums in another order (batched kernels, all-reduce) stay near 1e-16
 # What each backend adds to the fit arguments, and the module it runs.
 BACKEND_ARGS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -90,7 +93,7 @@ def available(backend: str) -> Optional[str]:
 def run_backend(backend: str, fit_args: Sequence[str], rounds: int, scratch: Path, timeout: float) -> BackendRun:
     """``fedrcl fit`` (or Flower's simulation) of ``fit_args`` on ``backend``, its run folder under
     ``scratch/<backend>``."""
-    import torch  # where a run is read: the command itself starts without torch
+    from fedrcl.federated.checkpoint import read_checkpoint  # torch: where a run is read, not at the start
 
     module, extra = BACKEND_ARGS[backend]
     save_dir = scratch / backend
@@ -101,18 +104,22 @@ def run_backend(backend: str, fit_args: Sequence[str], rounds: int, scratch: Pat
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
     started = time.perf_counter()
+    # In this folder (the arguments' relative paths hold), in a process group of its own: a second process
+    # (DDP) or Ray's workers end with it, whatever happens.
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
-                              start_new_session=True)  # in this folder: the arguments' relative paths hold
-        output, code = done.stdout + done.stderr, done.returncode
-    except subprocess.TimeoutExpired as expired:
-        partial = expired.stdout.decode(errors="replace") if isinstance(expired.stdout, bytes) else expired.stdout
-        output, code = f"did not finish in {timeout:.0f} s\n{partial or ''}", 124
+        output, _ = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, code = f"did not finish in {timeout:.0f} s\n{proc.communicate()[0]}", 124
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     seconds = time.perf_counter() - started
     checkpoints = sorted(save_dir.rglob("last.ckpt"))
-    weights = None
-    if code == 0 and checkpoints:
-        weights = torch.load(checkpoints[-1], map_location="cpu", weights_only=True)["state_dict"]
+    weights = read_checkpoint(checkpoints[-1])["state_dict"] if code == 0 and checkpoints else None
     return BackendRun(backend, seconds, weights, output, code)
 
 
@@ -120,7 +127,7 @@ def error_line(output: str) -> str:
     """The run's own error line: fedrcl's (``fedrcl: error: ...``), else the last exception named in its output
     (a node's, on Flower), else its last line."""
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
-    ours = [line for line in lines if re.match(r"fedrcl( \w+)?: error:", line)]
+    ours = [line for line in lines if OURS.match(line)]
     raised = [line for line in lines if re.match(r"[\w.]*(Error|Exception|Failure)\b", line)]
     return (ours or raised or lines or ["no output"])[-1]
 
@@ -129,7 +136,7 @@ def verdict(run: BackendRun, reference: Optional[BackendRun]) -> tuple[str, str]
     """``(difference, verdict)`` cells of ``run`` against the sequential ``reference``."""
     if run.weights is None:
         line = error_line(run.output)
-        ours = re.match(r"fedrcl( \w+)?: error: ", line)
+        ours = OURS.match(line)
         return "", f"refused: {line[ours.end():]}" if ours else f"failed: {line}"
     if reference is None or run is reference:
         return "reference", "" if reference is run else "no sequential run to compare with"

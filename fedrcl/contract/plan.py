@@ -1,6 +1,7 @@
 """The round plan: which clients this process trains in a round and how many steps each takes."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -43,6 +44,15 @@ class RoundPlan:
     local_epochs: int
     seed: int = 0
     batched: bool = False
+
+    @classmethod
+    def of_clients(cls, round_idx: int, client_ids: Sequence[int], num_samples: Callable[[int], int],
+                   steps_per_epoch: Callable[[int], int], local_epochs: int, seed: int) -> RoundPlan:
+        """The plan of ``client_ids``, each client's sample count and steps per local epoch looked up by id
+        (the data module's, or the lists a Flower server holds)."""
+        ids = tuple(client_ids)
+        return cls(round_idx=round_idx, client_ids=ids, num_samples=tuple(num_samples(k) for k in ids),
+                   steps_per_epoch=tuple(steps_per_epoch(k) for k in ids), local_epochs=local_epochs, seed=seed)
 
     @cached_property
     def steps(self) -> tuple[int, ...]:

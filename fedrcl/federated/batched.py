@@ -335,7 +335,7 @@ class StackedClients:
     @torch.no_grad()
     def finish(self, fold: Callable[[ClientRun, ClientResult], None]) -> None:
         """Restore the optimizer; for each client in turn load its weights into the backbone, end its run
-        (with the stack's summed losses, which the driver added to every run) and ``fold`` it."""
+        (with the stack's summed losses, which the driver added to the first run) and ``fold`` it."""
         self.optimizer.param_groups[0]["params"] = self._module_params
         self.optimizer.state.clear()
         self.pl_module.stack = None
@@ -343,4 +343,5 @@ class StackedClients:
         for i, run in enumerate(self.runs):
             for name, stacked in self.params.items():
                 module_params[name].copy_(stacked[i])
+            run.loss_sum = self.runs[0].loss_sum
             fold(run, run.end())

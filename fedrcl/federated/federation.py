@@ -168,11 +168,8 @@ class Federation(L.Callback):
             assert trainer is not None  # setup attached the data module
             sampled = sample_clients(dm.num_clients, self.clients_per_round, self.seed, round_idx)
             mine = tuple(sampled[trainer.global_rank::trainer.world_size])
-            self._plan = RoundPlan(
-                round_idx=round_idx, client_ids=mine,
-                num_samples=tuple(dm.client_num_samples(k) for k in mine),
-                steps_per_epoch=tuple(dm.client_steps_per_epoch(k) for k in mine),
-                local_epochs=self.local_epochs, seed=self.seed)
+            self._plan = RoundPlan.of_clients(round_idx, mine, dm.client_num_samples, dm.client_steps_per_epoch,
+                                              self.local_epochs, self.seed)
             device = trainer.strategy.root_device
             batched = self.batching.applies(trainer.lightning_module, self._plan, dm, device)
             self._plan = dataclasses.replace(self._plan, batched=batched)
@@ -211,8 +208,7 @@ class Federation(L.Callback):
         slot = plan.locate(batch_idx)
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor):  # summed on the device; checked once per client, at its end
-            for run in self._runs:  # batched: the stack's summed loss is checked with each of its clients
-                run.add_loss(loss)
+            self._runs[0].add_loss(loss)  # batched: the stack's summed loss, checked with each of its clients
         if plan.batched:  # one step of every client: Lightning's global_step counts client steps everywhere
             count_client_steps(trainer, len(self._runs) - 1)
         if not slot.last_step_of_client:
@@ -245,8 +241,9 @@ class Federation(L.Callback):
         if trainer.world_size > 1:  # global_step: every process's clients' steps, as in one process
             plan, dm = self.plan(trainer.current_epoch), self.datamodule
             sampled = sample_clients(dm.num_clients, self.clients_per_round, self.seed, plan.round_idx)
-            count_client_steps(trainer, sum(dm.client_steps_per_epoch(k) * self.local_epochs for k in sampled)
-                               - sum(plan.steps))
+            every = RoundPlan.of_clients(plan.round_idx, sampled, dm.client_num_samples, dm.client_steps_per_epoch,
+                                         self.local_epochs, self.seed)
+            count_client_steps(trainer, sum(every.steps) - sum(plan.steps))
         pl_module.log("time/round_seconds", time.perf_counter() - self._started, on_step=False, on_epoch=True)
         pl_module.log("train/lr", algorithm.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True)
 

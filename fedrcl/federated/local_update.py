@@ -75,10 +75,8 @@ class LocalUpdate:
     def run(self, round_idx: int, client_id: int, downlink: Downlink) -> ClientReport:
         """Train client ``client_id`` in round ``round_idx`` from what it received (``downlink``)."""
         trainer, module, dm = self.trainer, self.module, self.datamodule
-        plan = RoundPlan(round_idx=round_idx, client_ids=(client_id,),
-                         num_samples=(dm.client_num_samples(client_id),),
-                         steps_per_epoch=(dm.client_steps_per_epoch(client_id),),
-                         local_epochs=self.federation.local_epochs, seed=self.federation.seed)
+        plan = RoundPlan.of_clients(round_idx, (client_id,), dm.client_num_samples, dm.client_steps_per_epoch,
+                                    self.federation.local_epochs, self.federation.seed)
         to_device = lambda tensors: {k: v.to(module.device) for k, v in tensors.items()}  # noqa: E731
         downlink = Downlink(to_device(downlink.sent), {k: to_device(v) for k, v in downlink.extras.items()})
         client = client_context(plan, 0, downlink.sent, self.federation.server, dm.client_data(client_id))

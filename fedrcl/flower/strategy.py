@@ -121,10 +121,8 @@ class FedrclStrategy(Strategy):
         round_idx = self.round_idx(server_round)
         self.round = ServerRound(self.server, self.algorithm, round_idx, arrays.to_torch_state_dict(), self.ledger)
         self.clients = sample_clients(len(self.num_samples), self.clients_per_round, self.seed, round_idx)
-        plan = RoundPlan(round_idx=round_idx, client_ids=tuple(self.clients),
-                         num_samples=tuple(self.num_samples[k] for k in self.clients),
-                         steps_per_epoch=tuple(self.steps_per_epoch[k] for k in self.clients),
-                         local_epochs=self.local_epochs, seed=self.seed)
+        plan = RoundPlan.of_clients(round_idx, self.clients, self.num_samples.__getitem__,
+                                    self.steps_per_epoch.__getitem__, self.local_epochs, self.seed)
         self.round.configure(plan)
         self.payload = {"down": 0, "up": 0}
         by_node: dict[int, list[int]] = {}
