@@ -264,6 +264,27 @@ def _run_processes(runs: dict[int, list[str]], parallel: int, log_dir: Path, sto
     return outcome  # in the order the seeds were given, not the order they ended
 
 
+def _run_together(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
+    """The seeds trained together in this process (``fedrcl.federated.together``); when they cannot be, said in
+    one line, one after another (``_run_in_process``). An error stops every seed (a fedrcl error in one line)."""
+    from fedrcl.cli import report_user_error
+    from fedrcl.federated.together import NotTogether, StoppedTogether, train_together
+
+    try:
+        train_together(runs, stop)
+    except NotTogether as reason:
+        print(f"fedrcl seeds: --together: {reason}; the seeds train one after another instead", flush=True)
+        return _run_in_process(runs, stop)
+    except StoppedTogether as stopped:
+        left = [r.seed for r in stopped.cohort.seeds if r.next_round < r.trainer.max_epochs]
+        return Outcome(stopped=left, signum=stopped.signum, where=stopped.cohort.stopped_where())
+    except Exception as error:  # noqa: BLE001 (said as fedrcl fit says it)
+        if not report_user_error(error, prog="fedrcl seeds --together", argv=[a for r in runs.values() for a in r]):
+            traceback.print_exc()
+        return Outcome(failed=list(runs))
+    return Outcome()
+
+
 def resume_command(seeds_args: list[str], fit_args: list[str], outcome: Outcome) -> str:
     """The command line(s) that finish what a stop signal interrupted: the stopped seeds with ``--ckpt_path
     last``, then the seeds not started as they were asked for."""
@@ -278,15 +299,22 @@ def resume_command(seeds_args: list[str], fit_args: list[str], outcome: Outcome)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """``fedrcl seeds --seeds K [K ...] [--parallel N] [--vary_split] FIT_ARGS...``."""
+    """``fedrcl seeds --seeds K [K ...] [--parallel N | --together] [--vary_split] FIT_ARGS...``."""
     parser = argparse.ArgumentParser(
-        prog="fedrcl seeds", usage="fedrcl seeds --seeds K [K ...] [--parallel N] [--vary_split] FIT_ARGS...",
-        description="One `fedrcl fit` per seed, each in its own run folder <name>/seed<k>.",
+        prog="fedrcl seeds",
+        usage="fedrcl seeds --seeds K [K ...] [--parallel N | --together] [--vary_split] FIT_ARGS...",
+        description="One `fedrcl fit` per seed, each in its own run folder <name>/seed<k>; with --together, the "
+                    "seeds' federations in one program, their clients in one batched step.",
         epilog="Any other argument goes to every `fedrcl fit` (see `fedrcl fit --help`).")
     parser.add_argument("--seeds", type=int, nargs="+", required=True, help="the seeds, e.g. 0 1 2")
     parser.add_argument("--parallel", type=int, default=1,
                         help="fits at a time: 1 runs them one after another in this process (default); N > 1 "
                              "runs up to N processes")
+    parser.add_argument("--together", action="store_true",
+                        help="train the seeds' federations together in this process, every seed's clients in one "
+                             "batched local step (compiled with --trainer.compile_clients true); each seed's run "
+                             "and files are its fit's. A method that cannot be batched trains the seeds one after "
+                             "another, with a notice")
     parser.add_argument("--vary_split", action="store_true",
                         help="also set data.seed (the client split) to each seed; fixed otherwise")
     args, fit_args = parser.parse_known_args(argv)
@@ -296,6 +324,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         parser.error(f"--seeds has repeated seeds: {args.seeds}")
     if args.parallel < 1:
         parser.error(f"--parallel must be >= 1, got {args.parallel}")
+    if args.together and args.parallel != 1:
+        parser.error("--together trains the seeds in one process: drop --parallel")
     if "--print_config" in fit_args or any(a.startswith("--print_config=") for a in fit_args):
         parser.error("--print_config: use `fedrcl fit ... --print_config` for one run")
     config = resolved_config(fit_args)
@@ -306,7 +336,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     runs = {seed: fit_args_for_seed(fit_args, config, seed, args.vary_split) for seed in args.seeds}
     where = Path(save_dir) / name
     with StopSignal() as stop:
-        if args.parallel == 1:
+        if args.together:
+            outcome = _run_together(runs, stop)
+        elif args.parallel == 1:
             outcome = _run_in_process(runs, stop)
         else:
             outcome = _run_processes(runs, args.parallel, where, stop)
@@ -314,7 +346,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"fedrcl seeds: seeds {outcome.failed} failed; the others are in {where}/seed<k>", file=sys.stderr)
     if outcome.signum is not None:
         own = [*(["--parallel", str(args.parallel)] if args.parallel != 1 else []),
-               *(["--vary_split"] if args.vary_split else [])]
+               *(["--together"] if args.together else []), *(["--vary_split"] if args.vary_split else [])]
         resume = resume_command(own, fit_args, outcome) or "nothing left to run"
         print(f"fedrcl seeds: stopped by {signal.Signals(outcome.signum).name}{outcome.where}; stopped after a "
               f"round: {outcome.stopped or 'none'}, not started: {outcome.not_started or 'none'}; resume: {resume}",

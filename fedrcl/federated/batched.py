@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, Optional, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, Optional, get_args
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -72,15 +72,18 @@ class _LocalLoss(nn.Module):
         super().__init__()
         self.algorithm = algorithm
 
-    def forward(self, client_tensors: dict[str, Tensor], facts: dict[str, Tensor], x: Tensor, y: Tensor
-                ) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, client_tensors: dict[str, Tensor], facts: dict[str, Tensor], x: Tensor, y: Tensor,
+                global_state: Optional[dict[str, Tensor]] = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """``global_state``: the slice's own broadcast weights where they differ between slices (seeds
+        together, ``fedrcl.federated.client_step``); ``None``: the client's."""
         algorithm = self.algorithm
         assert algorithm.client is not None, "the clients were started (StackedClients)"
         # This client's tensors, its facts and its slice of the weights for the server's client term, set for
         # the call and put back before returning: no vmapped tensor outlives it (torch.compile needs that too).
+        own: dict[str, Any] = {**facts} if global_state is None else {**facts, "global_state": global_state}
         bound = {**client_tensors, "_params": dict(algorithm.backbone.named_parameters()),
                  # the slice's own facts, 0-dim tensors where one client has ints (read in tensor arithmetic)
-                 "client": dataclasses.replace(algorithm.client, data=UNMAPPED_DATA, **cast(dict[str, Any], facts))}
+                 "client": dataclasses.replace(algorithm.client, data=UNMAPPED_DATA, **own)}
         saved = {name: getattr(algorithm, name) for name in bound}
         for name, value in bound.items():
             setattr(algorithm, name, value)
@@ -192,10 +195,16 @@ def clip_grad_norm_(grads: list[Tensor], max_norm: float) -> None:
     The per-client form of ``torch.nn.utils.clip_grad_norm_``: the same coefficient
     ``min(1, max_norm / (norm + 1e-6))``, computed and applied on the device.
     """
-    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])  # [P, K]
-    coef = (max_norm / (torch.linalg.vector_norm(norms, dim=0) + 1e-6)).clamp(max=1.0)
+    coef = clip_coefficients(grads, max_norm)
     for g in grads:
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype))
+
+
+def clip_coefficients(grads: list[Tensor], max_norm: float) -> Tensor:
+    """Each client's clip coefficient ``[K]``: ``min(1, max_norm / (norm + 1e-6))`` of its gradient's total
+    2-norm (slice ``k`` of every tensor in ``grads``)."""
+    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])  # [P, K]
+    return (max_norm / (torch.linalg.vector_norm(norms, dim=0) + 1e-6)).clamp(max=1.0)
 
 
 def client_view(algorithm: Any, exclude: set[str]) -> dict[str, Any]:

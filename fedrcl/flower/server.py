@@ -22,26 +22,17 @@ from logging import INFO, WARNING
 from collections.abc import Sequence
 from typing import Any, Optional
 
-import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.common import log
 from flwr.common.logger import FLOWER_LOGGER, update_console_handler
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
-from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.cli import SaveConfigCallback
-from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
-from fedrcl.analysis.layout import ACCURACY_FIRST, ScalarLayout
 from fedrcl.cli import split_ckpt_path
 from fedrcl.contract.exchange import check_method
 from fedrcl.contract.weights import load_state_
-from fedrcl.data.datamodule import EvalBatches
-from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint, resume_path
-from fedrcl.federated.federation import Federation
-from fedrcl.federated.local_update import attach
-from fedrcl.federated.preemption import Preemption
-from fedrcl.federated.progress import RoundLines, RoundLog, RunClock, round_line, run_summary
+from fedrcl.federated.checkpoint import resume_path
+from fedrcl.federated.driven import evaluate, log_round, not_run, open_run, save_round, write_run_folder
+from fedrcl.federated.progress import RunClock, round_line, run_summary
 from fedrcl.flower.config import Args, as_args, build, run_args
 from fedrcl.flower.nodes import ClientFailure
 from fedrcl.flower.strategy import FedrclStrategy
@@ -65,71 +56,6 @@ def quiet_flower_log() -> None:
         FLOWER_LOGGER.addFilter(MetricDumps())
 
 
-def not_run(trainer) -> list[str]:
-    """The config's callbacks that a Flower run does not call (its rounds are Flower's, not Lightning's),
-    among them every ``RoundCallback``: their ``on_client_end`` would need the clients' local models, which
-    stay on the nodes. The run says so, naming them, before it starts. fedrcl's own defaults are not named:
-    the round's line and the TensorBoard layout are written here, and a signal to a Flower run is Flower's
-    to handle (``Preemption`` is ``fedrcl fit``'s)."""
-    kept = (SaveConfigCallback, ModelCheckpoint, ProgressBar, Federation, Preemption, ScalarLayout, RoundLog,
-            RoundLines)
-    return [type(c).__name__ for c in trainer.callbacks if not isinstance(c, kept)]
-
-
-def evaluate(module, datamodule) -> float:
-    """Top-1 accuracy of ``module``'s global model on the test set (its ``validation_step``), and the EMA."""
-    module.eval()
-    precision = module.trainer.precision_plugin  # the run's precision, as fit's evaluation loop applies it
-    with torch.no_grad(), precision.val_step_context():
-        for batch_idx, batch in enumerate(EvalBatches(datamodule)):
-            module.validation_step(precision.convert_input(batch), batch_idx)
-    module.train()
-    acc = module.val_acc.compute().item()
-    module.val_acc.reset()
-    module.update_acc_ema(acc)
-    return acc
-
-
-def save_round(trainer, module, round_idx: int, steps: int, now: bool = False) -> bool:
-    """Mark round ``round_idx`` done in the trainer's loop state (``global_step``: the clients' local steps so
-    far), then let ``RoundCheckpoint`` write its files as at the end of a ``fedrcl fit`` round (while
-    ``trainer.current_epoch`` is the round's index), so ``--ckpt_path last`` reads them; ``now``: write them
-    whether due or not (a run that stops). Returns whether a round checkpoint was written."""
-    loop = trainer.fit_loop
-    loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total.completed = steps
-    progresses = (loop.epoch_progress.current, loop.epoch_progress.total)
-    for progress in progresses:
-        progress.ready = progress.started = progress.processed = round_idx + 1
-        progress.completed = round_idx
-    written = any(isinstance(c, RoundCheckpoint) and (now or c.due(trainer)) for c in trainer.checkpoint_callbacks)
-    for callback in trainer.checkpoint_callbacks:
-        if now and isinstance(callback, RoundCheckpoint):
-            callback.save(trainer)
-        else:
-            callback.on_train_epoch_end(trainer, module)
-    for progress in progresses:
-        progress.completed = round_idx + 1
-    return written
-
-
-def resume(trainer, module, path: str) -> tuple[int, int]:
-    """Load checkpoint ``path`` into the server's objects as ``fedrcl fit`` resumes: the module (global
-    weights, accuracy EMA, client-state manifest) and the federation (server memory, ledger, resume
-    segments). Returns the next round's index and the local steps so far. Read with ``weights_only``, never
-    executed."""
-    checkpoint = read_checkpoint(path)
-    module.load_state_dict(checkpoint["state_dict"])
-    module.on_load_checkpoint(checkpoint)
-    federation = trainer.federation
-    federation.load_state_dict(checkpoint["callbacks"][federation.state_key])
-    federation.on_train_start(trainer, module)  # a new segment if resume_allow_changes changed keys
-    first_round = int(checkpoint["epoch"]) + 1
-    loop = trainer.fit_loop
-    for progress in (loop.epoch_progress.current, loop.epoch_progress.total):  # rounds done, as fit restores them
-        progress.ready = progress.started = progress.processed = progress.completed = first_round
-    return first_round, int(checkpoint["global_step"])
-
-
 def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: float = 600.0,
                    restart_wait: float = 300.0):
     """Run fedrcl's federation ``args`` over ``grid``; returns the CLI objects (``cli.model`` holds the final
@@ -146,20 +72,9 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     if ignored:
         log(WARNING, "fedrcl.flower does not run these trainer.callbacks: %s", ", ".join(ignored))
     path = resume_path(trainer, module, dm, ckpt_path) if ckpt_path is not None else None  # before any write
-    attach(trainer, module, dm)
-    trainer.state.fn, trainer.state.stage = TrainerFn.FITTING, RunningStage.TRAINING
+    first_round, steps = open_run(trainer, module, dm, path)
     federation = trainer.federation
-    federation.setup(trainer, module, "fit")  # the resume fingerprint kept in checkpoints
-    first_round, steps = resume(trainer, module, path) if path is not None else (0, 0)
-    for callback in trainer.callbacks:
-        if isinstance(callback, SaveConfigCallback):
-            callback.setup(trainer, module, "fit")  # config.yaml, as fedrcl fit writes it
-    dm.export_split()  # split.json
-    for callback in trainer.checkpoint_callbacks:
-        callback.setup(trainer, module, "fit")
-    for callback in trainer.callbacks:
-        if isinstance(callback, ScalarLayout):
-            callback.on_fit_start(trainer, module)  # TensorBoard's layout, val/acc first
+    write_run_folder(trainer, module, dm)
     clients = range(dm.num_clients)
     strategy = FedrclStrategy(federation.server, [dm.client_num_samples(k) for k in clients],
                               federation.clients_per_round, federation.seed,
@@ -169,7 +84,6 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
                               restart_wait=restart_wait)
     strategy.steps = steps
     strategy.kept = strategy.manifest()  # a resumed run's checkpoint refers to these files
-    loggers = [(lg, getattr(lg.log_metrics, "__wrapped__", lg.log_metrics)) for lg in trainer.loggers]
     started = [time.perf_counter()]
     clock = RunClock()
     clock.fit_started(trainer)
@@ -190,10 +104,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
             metrics["val/acc_ema"] = module.acc_ema
         _, ledger = strategy.ledger.metrics()
         ledger.update({f"flower/{d}_bytes": float(n) for d, n in strategy.payload.items()})
-        accuracy = {copy: metrics[tag] for tag, copy in ACCURACY_FIRST.items() if tag in metrics}
-        for logger, log_metrics in loggers:  # before the round's checkpoint, as fedrcl fit does; TensorBoard
-            first = accuracy if isinstance(logger, TensorBoardLogger) else {}  # opens on the accuracy copies
-            log_metrics({**metrics, **ledger, **first}, step=round_idx + 1)
+        log_round(trainer, round_idx, {**metrics, **ledger})
         shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss") if k in metrics}
         log(INFO, "%s  clients %s", round_line(trainer, shown, clock), strategy.clients)
         clock.round_started()

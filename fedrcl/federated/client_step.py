@@ -1,0 +1,123 @@
+"""One local step of many clients as one pure function: forward, loss, backward, clip and SGD.
+
+``fedrcl seeds --together`` (``fedrcl.federated.together``) trains several federations' clients at once: the
+weights of ``S`` seeds x ``C`` clients lie on one leading axis ``[S * C, ...]``. ``ClientStep`` maps the
+algorithm's own one-client ``local_loss`` (written once, for one client) over that axis with two nested
+``vmap``: the outer over seeds (what one seed's clients share: the weights the server sent them, which the
+server's client term reads, ``client.global_state``), the inner over a seed's clients (each client's weights,
+its ``client_tensors`` and its facts, as in ``fedrcl.federated.batched``). ``torch.func.grad`` of the summed
+losses gives each client its own gradient; each client's gradient is clipped to its own norm; the update is
+``torch.optim.SGD``'s (weight decay, momentum without dampening, each client at its own lr), written out so
+that the whole step is one function of tensors: ``torch.compile(fullgraph=True)`` makes it one graph, with
+nothing that waits for the device inside it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Optional, cast
+
+import torch
+from torch import Tensor
+from torch.func import functional_call, grad, vmap
+
+from fedrcl.federated.batched import _LocalLoss, clip_coefficients
+
+if TYPE_CHECKING:
+    import fedrcl.algorithms.fedavg
+
+Tensors = dict[str, Tensor]
+
+
+def sgd_update(params: Tensors, grads: Tensors, momenta: Tensors, lr: Tensor, momentum: float,
+               weight_decay: float) -> tuple[Tensors, Tensors]:
+    """``torch.optim.SGD``'s step (no dampening, no Nesterov) for stacked clients: ``lr[n]`` is client ``n``'s.
+
+    ``d = g + weight_decay * p``; with momentum ``b = momentum * b + d`` (``b`` starts at zero, so the first
+    step's ``b`` is ``d``, as SGD's first step clones it) and ``d = b``; ``p = p - lr * d``. Returns the new
+    weights and momenta (the momenta unchanged without momentum)."""
+    new_params, new_momenta = {}, dict(momenta)
+    for name, p in params.items():
+        d = grads[name] if weight_decay == 0 else grads[name] + weight_decay * p
+        if momentum != 0:
+            d = new_momenta[name] = momentum * momenta[name] + d
+        new_params[name] = p - lr.view(-1, *([1] * (p.dim() - 1))).to(p.dtype) * d
+    return new_params, new_momenta
+
+
+def clipped(grads: Tensors, max_norm: float) -> Tensors:
+    """Each client's gradient (slice ``n`` of every tensor) scaled to 2-norm at most ``max_norm``, with
+    ``torch.nn.utils.clip_grad_norm_``'s coefficient ``min(1, max_norm / (norm + 1e-6))``."""
+    coef = clip_coefficients(list(grads.values()), max_norm)
+    return {name: g * coef.view(-1, *([1] * (g.dim() - 1))).to(g.dtype) for name, g in grads.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInputs:
+    """One step's tensors: ``x``, ``y`` ``[S * C, B, ...]``; ``lr`` ``[S * C]``; ``client_tensors`` and
+    ``facts`` ``[S * C, ...]``; ``global_state`` ``[S, ...]`` (each seed's broadcast weights)."""
+
+    x: Tensor
+    y: Tensor
+    lr: Tensor
+    client_tensors: Tensors
+    facts: Tensors
+    global_state: Tensors
+
+
+class ClientStep:
+    """The local step of ``seeds`` x ``clients`` clients of ``algorithm``'s method (see the module docstring).
+
+    Args:
+        algorithm: one of the federations' client algorithms: its ``local_loss`` is the code mapped; what a
+            loss reads of it per seed or per client is replaced in each slice (``self.client``, the weights,
+            the ``client_tensors``).
+        seeds, clients: the shape of the client axis.
+        low: the dtype the mapped forward runs in under mixed precision (as batched clients), or ``None``.
+        compile: ``None``, or the ``torch.compile`` keyword arguments (``fullgraph=True`` is always set).
+    """
+
+    def __init__(self, algorithm: fedrcl.algorithms.fedavg.FedAvg, seeds: int, clients: int,
+                 low: Optional[torch.dtype] = None, compile: Optional[dict[str, Any]] = None):
+        self.algorithm, self.seeds, self.clients, self.low = algorithm, seeds, clients, low
+        self.momentum, self.weight_decay = float(algorithm.momentum), float(algorithm.weight_decay)
+        self.max_norm = algorithm.grad_clip_norm
+        self._module = _LocalLoss(algorithm)
+        step: Callable[..., Any] = self._step
+        self.step = torch.compile(step, fullgraph=True, **compile) if compile is not None else step
+
+    def __call__(self, params: Tensors, momenta: Tensors, inputs: StepInputs
+                 ) -> tuple[Tensors, Tensors, Tensor, Tensors]:
+        """New weights and momenta, and each client's loss ``[S * C]`` and loss parts (each ``[S * C]``)."""
+        out = self.step(params, momenta, inputs)
+        return cast(tuple[Tensors, Tensors, Tensor, Tensors], out)
+
+    def _losses(self, params: Tensors, inputs: StepInputs) -> tuple[Tensor, tuple[Tensor, Tensors]]:
+        module, low, s, c = self._module, self.low, self.seeds, self.clients
+
+        def one_client(p: Tensors, tensors: Tensors, facts: Tensors, xb: Tensor, yb: Tensor, sent: Tensors
+                       ) -> tuple[Tensor, Tensors]:
+            if low is not None:
+                p, xb = {name: w.to(low) for name, w in p.items()}, xb.to(low)
+            out: tuple[Tensor, Tensors] = functional_call(module, p, (tensors, facts, xb, yb, sent))
+            return out
+
+        def per_seed(*args: Any) -> tuple[Tensor, Tensors]:
+            out: tuple[Tensor, Tensors] = vmap(one_client, in_dims=(0, 0, 0, 0, 0, None))(*args)
+            return out
+
+        split = lambda t: t.unflatten(0, (s, c))  # noqa: E731  [S * C, ...] -> [S, C, ...]
+        prefixed = {f"algorithm.backbone.{name}": split(p) for name, p in params.items()}
+        losses, parts = vmap(per_seed, randomness="error")(
+            prefixed, {k: split(t) for k, t in inputs.client_tensors.items()},
+            {k: split(t) for k, t in inputs.facts.items()}, split(inputs.x), split(inputs.y), inputs.global_state)
+        losses, parts = losses.flatten(), {k: v.flatten() for k, v in parts.items()}
+        return losses.sum(), (losses.detach(), {k: v.detach() for k, v in parts.items()})
+
+    def _step(self, params: Tensors, momenta: Tensors, inputs: StepInputs
+              ) -> tuple[Tensors, Tensors, Tensor, Tensors]:
+        grads, (losses, parts) = grad(self._losses, has_aux=True)(params, inputs)
+        if self.max_norm is not None:
+            grads = clipped(grads, self.max_norm)
+        new_params, new_momenta = sgd_update(params, grads, momenta, inputs.lr, self.momentum, self.weight_decay)
+        return new_params, new_momenta, losses, parts

@@ -1,0 +1,413 @@
+"""Seeds together: one experiment's seeds as independent federations trained in one program.
+
+``fedrcl seeds --seeds 0 1 2 --together FIT_ARGS`` builds each seed's run exactly as its ``fedrcl fit`` would
+(``fedrcl.seeds.fit_args_for_seed``: its own split seed, client sampling, batches, global model, server
+optimizer state, accuracy EMA, logger, checkpoints, run folder ``<name>/seed<k>``), and then trains them in
+lockstep: in each round, every seed's server round begins and is configured (``ServerRound``), every seed's
+clients start (``ClientRun``), and the local steps of all seeds' clients run as one step on a stacked client
+axis, ``seeds x clients_per_round`` long (``fedrcl.federated.client_step.ClientStep``: forward, the method's own
+one-client ``local_loss``, backward, per-client clip and SGD in one function, compiled as one graph with
+``trainer.compile_clients``). Then each seed's clients end and are folded in its own server round, its global
+model is evaluated, its scalars logged and its checkpoints written as ``fedrcl fit`` writes them
+(``fedrcl.federated.driven``). Seeds resumed at different rounds train side by side, each stopping at its own
+last round (or ``trainer.max_time``); SIGTERM and Ctrl-C finish the round and checkpoint every seed.
+
+Each seed's weights equal its own ``fedrcl fit`` within float rounding (``tests/test_together.py``), because
+nothing crosses seeds: the mapped loss sees each slice's own weights, facts, ``client_tensors`` and its seed's
+broadcast weights (``client.global_state``). What a method's clients get from their seed beyond those (an
+attribute that the downlink or ``on_client_start`` sets, e.g. a global teacher's weights) must be the same in
+every seed, since one algorithm object's code serves all: the first round checks it before any step and
+before anything is written, and a method that differs, like one that cannot train batched (``batched``'s
+reasons), or a run asking for what the stacked step does not do (another optimizer than the method's SGD, more
+than one device), falls back to one seed after another (``fedrcl seeds`` without ``--together``) with a notice.
+"""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+
+from fedrcl.algorithms.fedavg import FedAvg
+from fedrcl.contract.exchange import check_method
+from fedrcl.contract.plan import RoundPlan
+from fedrcl.contract.weights import load_state_, snapshot
+from fedrcl.federated import batched
+from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, client_view, per_client_attributes, same, \
+    stack_clients, stored_attributes
+from fedrcl.federated.checkpoint import resume_path, run_checkpoints
+from fedrcl.federated.client_step import ClientStep, StepInputs
+from fedrcl.federated.driven import evaluate, log_round, not_run, open_run, save_round, write_run_folder
+from fedrcl.federated.progress import RunClock, round_line, run_summary
+from fedrcl.federated.round import ClientRun, ServerRound
+from fedrcl.federated.sampling import sample_clients
+
+MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+class NotTogether(Exception):
+    """The seeds cannot train together (the reason); raised before any step and before anything is written."""
+
+
+@dataclasses.dataclass
+class SeedRun:
+    """One seed's federation: its built run (``cli``), where it stands and what its last round did."""
+
+    seed: int
+    cli: Any
+    next_round: int = 0
+    steps: int = 0  # the clients' local steps so far (``global_step``)
+    clock: RunClock = dataclasses.field(default_factory=RunClock)
+    saved: bool = True  # whether the last round done is checkpointed
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    stopped: Optional[str] = None  # why it stopped before its last round (``trainer.max_time``)
+
+    @property
+    def module(self) -> FedAvg:
+        module: FedAvg = self.cli.model
+        return module
+
+    @property
+    def trainer(self) -> Any:
+        return self.cli.trainer
+
+    @property
+    def done(self) -> bool:
+        return self.stopped is not None or self.next_round >= self.trainer.max_epochs
+
+    def timer(self) -> Optional[Timer]:
+        return next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+
+
+def static_reason(run: SeedRun) -> Optional[str]:
+    """Why a seed's run cannot train on the stacked step, from its configuration (``None``: it can)."""
+    module, trainer, dm = run.module, run.trainer, run.cli.datamodule
+    if trainer.federation.batching.mode == "off":
+        return "trainer.client_batching is off"
+    reason = getattr(module, "unbatchable_reason", None)
+    if reason is None and any(True for _ in module.backbone.buffers()):
+        reason = "the backbone has buffers (e.g. BatchNorm statistics)"
+    if reason is None and dm.local_iters_per_epoch is None:
+        reason = "data.local_iters_per_epoch is null (clients of different sizes take different steps)"
+    if reason is None and trainer.world_size > 1:
+        reason = "it runs on several devices or processes"
+    overridden = [name for name in ("configure_optimizers", "configure_gradient_clipping", "training_step")
+                  if getattr(type(module), name) is not getattr(FedAvg, name)]
+    if reason is None and overridden:
+        reason = f"model {type(module).__name__} overrides {', '.join(overridden)} (the stacked step is SGD)"
+    return reason
+
+
+class Cohort:
+    """The seeds' runs trained together (see the module docstring).
+
+    Args:
+        runs: each seed's ``fedrcl fit`` arguments (``--ckpt_path`` among them resumes it: ``last`` resumes
+            each seed that has a checkpoint and starts the others).
+        stop: what records a stop signal (``fedrcl.seeds.StopSignal``): read after each round.
+    """
+
+    def __init__(self, runs: dict[int, list[str]], stop: Any):
+        from fedrcl.cli import split_ckpt_path
+        from fedrcl.lightning_cli import build_cli
+
+        self.stop = stop
+        self.seeds: list[SeedRun] = []
+        paths: list[Optional[str]] = []
+        for seed, args in runs.items():
+            args, ckpt_path = split_ckpt_path(args)
+            run = SeedRun(seed, build_cli(args, run=False))
+            self.seeds.append(run)
+            reason = static_reason(run)
+            if reason is not None:
+                raise NotTogether(f"seed {seed}: {reason}")
+            check_method(run.module, run.trainer.federation.server, training=True)
+            paths.append(self._checkpoint(run, ckpt_path))
+        shapes = {(r.trainer.federation.clients_per_round, r.trainer.federation.local_epochs,
+                   r.cli.datamodule.local_iters_per_epoch, r.trainer.precision) for r in self.seeds}
+        if len(shapes) > 1:
+            raise NotTogether("the seeds' rounds differ in shape (clients per round, local epochs, steps or "
+                              "precision)")
+        for run, path in zip(self.seeds, paths):
+            run.next_round, run.steps = open_run(run.trainer, run.module, run.cli.datamodule, path)
+        sizes = {r.cli.datamodule.batch_size for r in self.seeds}
+        if len(sizes) > 1:
+            raise NotTogether(f"the seeds' batch sizes differ ({sorted(sizes)}: data.batch_size null with "
+                              "--vary_split); set data.batch_size")
+        self._steps: dict[tuple[int, int], ClientStep] = {}
+        self._checked = False
+
+    @staticmethod
+    def _checkpoint(run: SeedRun, ckpt_path: Optional[str]) -> Optional[str]:
+        """The checkpoint seed ``run`` resumes from: ``last`` where its run folder has none starts it anew."""
+        if ckpt_path is None:
+            return None
+        if ckpt_path == "last" and not run_checkpoints(run.trainer)[1]:
+            print(f"fedrcl seeds: seed {run.seed}: no checkpoint in {run_checkpoints(run.trainer)[0]}; it "
+                  "starts at round 1", flush=True)
+            return None
+        return resume_path(run.trainer, run.module, run.cli.datamodule, ckpt_path)
+
+    # -- the run ----------------------------------------------------------------------------------------
+    def fit(self) -> None:
+        """Train every seed to its last round; the first round checks that the seeds can train together
+        (``NotTogether``) before anything is written."""
+        while True:
+            active = [r for r in self.seeds if not r.done]
+            if not active:
+                break
+            started = time.perf_counter()
+            rounds, stacked = self._begin(active)
+            if not self._checked:
+                self._checked = True
+                self._open(active)
+            losses = self._train(active, rounds, stacked)
+            seconds = time.perf_counter() - started
+            for s, (run, server_round) in enumerate(zip(active, rounds)):
+                self._end_round(run, server_round, stacked, losses, s, seconds)
+            if self.stop.signum is not None:
+                break
+        self._close()
+
+    def _open(self, active: list[SeedRun]) -> None:
+        """Write the run folders, name the callbacks not run, start the clocks and time limits."""
+        for run in self.seeds:
+            ignored = not_run(run.trainer, handled=(Timer,))
+            if ignored:
+                rank_zero_info(f"fedrcl seeds --together does not run these trainer.callbacks: {', '.join(ignored)}")
+                break
+        for run in self.seeds:
+            write_run_folder(run.trainer, run.module, run.cli.datamodule)
+            run.clock.fit_started(run.trainer)
+            timer = run.timer()
+            if timer is not None:
+                timer.on_train_start(run.trainer, run.module)
+
+    def _begin(self, active: list[SeedRun]) -> tuple[list[ServerRound], "StackedSeeds"]:
+        """Every active seed's round begun and configured, and its clients started on the stacked axis."""
+        rounds, runs = [], []
+        for run in active:
+            federation, dm, module = run.trainer.federation, run.cli.datamodule, run.module
+            server_round = ServerRound(federation.server, module, run.next_round, snapshot(module.backbone),
+                                       federation.ledger)
+            sampled = sample_clients(dm.num_clients, federation.clients_per_round, federation.seed, run.next_round)
+            plan = RoundPlan.of_clients(run.next_round, tuple(sampled), dm.client_num_samples,
+                                        dm.client_steps_per_epoch, federation.local_epochs, federation.seed)
+            runs.append([ClientRun(module, c, down) for c, down in server_round.configure(plan, dm.client_data)])
+            rounds.append(server_round)
+        return rounds, StackedSeeds(active, runs, check=not self._checked)
+
+    def _train(self, active: list[SeedRun], rounds: list[ServerRound], stacked: "StackedSeeds") -> Tensor:
+        """The round's local steps of every client of every seed; returns each client's summed loss."""
+        first = active[0]
+        step = self._step(first, len(active), stacked.clients)
+        plan_steps = stacked.runs[0][0].client.num_steps
+        lr = torch.tensor([[run.module.client_lr(r.round_idx, epoch) for run, r in zip(active, rounds)
+                            for _ in range(stacked.clients)] for epoch in range(first.trainer.federation.local_epochs)],
+                          device=stacked.device)
+        batches = stacked.batches()
+        params, momenta = stacked.params, stacked.momenta
+        loss_sums: Optional[Tensor] = None
+        part_sums: dict[str, Tensor] = {}
+        steps_per_epoch = plan_steps // first.trainer.federation.local_epochs
+        for step_idx in range(plan_steps):
+            x, y = next(batches)
+            if stacked.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs are its inputs
+            inputs = StepInputs(x, y, lr[step_idx // steps_per_epoch], stacked.client_tensors, stacked.facts,
+                                stacked.global_state)
+            before = None if self._checked_loss else dict(vars(first.module))
+            params, momenta, losses, parts = step(params, momenta, inputs)
+            if before is not None:
+                stacked.check_stored(before)
+                self._checked_loss = True
+            loss_sums = losses if loss_sums is None else loss_sums + losses
+            for name, value in parts.items():
+                part_sums[name] = part_sums[name] + value if name in part_sums else value
+        stacked.params, stacked.part_sums = params, part_sums
+        assert loss_sums is not None  # a round has steps
+        return loss_sums
+
+    _checked_loss = False
+
+    def _step(self, first: SeedRun, seeds: int, clients: int) -> ClientStep:
+        """The stacked step for ``seeds`` x ``clients`` clients (built once per shape; compiled with
+        ``trainer.compile_clients``, CUDA graphs on CUDA with inductor, as batched clients)."""
+        key = (seeds, id(first.module))
+        if key not in self._steps:
+            trainer = first.trainer
+            compile_: Optional[dict[str, Any]] = None
+            if trainer.federation.batching.compile:
+                cuda = trainer.strategy.root_device.type == "cuda"
+                graphs = cuda and batched.COMPILE_BACKEND == "inductor"
+                compile_ = {"backend": batched.COMPILE_BACKEND, "mode": "reduce-overhead" if graphs else None}
+            self._steps[key] = ClientStep(first.module, seeds, clients, MIXED.get(str(trainer.precision)), compile_)
+        return self._steps[key]
+
+    def _end_round(self, run: SeedRun, server_round: ServerRound, stacked: "StackedSeeds", loss_sums: Tensor,
+                   s: int, seconds: float) -> None:
+        """Seed ``s``'s clients end and fold in; its new global model, evaluation, scalars, line, checkpoint."""
+        trainer, module = run.trainer, run.module
+        clients = stacked.clients
+        stacked.finish(s, server_round, loss_sums)
+        load_state_(module.backbone, server_round.finish())
+        round_idx, steps = run.next_round, clients * stacked.runs[s][0].client.num_steps
+        run.steps += steps
+        mine = slice(s * clients, (s + 1) * clients)
+        sums = {"loss": loss_sums[mine].sum(), **{f"loss_{k}": v[mine].sum() for k, v in stacked.part_sums.items()}}
+        metrics = {f"train/{k}": float(v) / steps for k, v in sums.items()}
+        metrics["train/lr"] = float(module.client_lr(round_idx, 0))
+        metrics["time/round_seconds"] = seconds
+        federation = trainer.federation
+        if (round_idx + 1) % trainer.check_val_every_n_epoch == 0:
+            with federation.ledger.timed("evaluation"):
+                metrics["val/acc"] = evaluate(module, run.cli.datamodule)
+            if module.acc_ema is not None:
+                metrics["val/acc_ema"] = module.acc_ema
+        _, ledger = federation.ledger.metrics()
+        log_round(trainer, round_idx, {**metrics, **ledger})
+        shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss") if k in metrics}
+        print(f"seed {run.seed}: {round_line(trainer, shown, run.clock)}", flush=True)
+        run.clock.round_started()
+        run.saved, run.metrics = save_round(trainer, module, round_idx, run.steps), metrics
+        run.next_round = round_idx + 1
+        timer = run.timer()
+        left = timer.time_remaining() if timer is not None else None
+        if left is not None and left <= 0 and not run.done:
+            run.stopped = f"trainer.max_time reached after round {round_idx + 1}"
+            self._checkpoint_now(run)
+
+    def _checkpoint_now(self, run: SeedRun) -> None:
+        if not run.saved:
+            run.saved = save_round(run.trainer, run.module, run.next_round - 1, run.steps, now=True)
+
+    def _close(self) -> None:
+        """A stop signal: checkpoint every seed now; then each seed's logs are closed and its summary printed."""
+        stopping = self.stop.signum is not None
+        for run in self.seeds:
+            if stopping and run.next_round > 0:
+                self._checkpoint_now(run)
+            for logger in run.trainer.loggers:
+                logger.finalize("success" if run.done and not stopping else "failed")
+            if run.stopped:
+                print(f"fedrcl seeds: seed {run.seed}: stopped early: {run.stopped}", flush=True)
+            summary = run_summary(run.trainer, run.clock, run.metrics)
+            print("\n".join(f"seed {run.seed}: {line}" for line in summary.splitlines()), flush=True)
+
+    def stopped_where(self) -> str:
+        """`` (seed 0 after round 3/10, ...)`` for the stop line of ``fedrcl seeds``."""
+        return " (" + ", ".join(f"seed {r.seed} after round {r.next_round}/{r.trainer.max_epochs}"
+                                for r in self.seeds) + ")"
+
+
+class StackedSeeds:
+    """One round's clients of every active seed on one stacked axis ``[seeds * clients, ...]``: started, checked,
+    their weights, momenta, tensors and facts stacked; ``finish`` hands each client's weights back to its run.
+
+    ``check``: the first round checks what batched clients check (an attribute set per client without naming
+    it in ``client_tensors``) and that what a seed's clients received is the same in every seed beyond the
+    broadcast weights (``NotTogether`` otherwise)."""
+
+    def __init__(self, active: list[SeedRun], runs: list[list[ClientRun]], check: bool):
+        self.active, self.runs = active, runs
+        self.clients = len(runs[0])
+        first = active[0].module
+        names = tuple(getattr(first, "client_tensors", ()))
+        tensors: dict[str, list[Tensor]] = {name: [] for name in names}
+        received = []  # per seed: what the downlink and on_client_start changed, beyond the per-client names
+        for run, clients in zip(active, runs):
+            module = run.module
+            before = client_view(module, PER_CLIENT | set(names)) if check else {}
+            views = []
+            for client in clients:
+                client.start()
+                for name, values in tensors.items():
+                    values.append(getattr(module, name))
+                if check:
+                    views.append(client_view(module, PER_CLIENT | set(names)))
+            if check:
+                differing = per_client_attributes(views)
+                if differing:
+                    raise ValueError(
+                        f"model {type(module).__name__}: on_client_start sets "
+                        f"{', '.join('self.' + n for n in differing)} differently per client, and batched clients "
+                        f"would all see the last client's: {batched.REMEDY} (fedrcl.federated.batched)")
+                received.append({k: v for k, v in views[-1].items() if k not in before or not same(before[k], v)})
+        if check:
+            apart = sorted({k for r in received[1:] for k in r.keys() | received[0].keys()
+                            if k not in r or k not in received[0] or not same(received[0][k], r[k])})
+            if apart:
+                raise NotTogether(f"model {type(first).__name__}: each seed's clients receive their own "
+                                  f"{', '.join('self.' + n for n in apart)} (set by the downlink or on_client_start), "
+                                  "which one stacked step cannot give them")
+        sent = [clients[0].downlink.sent for clients in runs]
+        self.device = next(iter(sent[0].values())).device
+        self.params = {name: torch.cat([stack_clients(s[name].detach(), self.clients) for s in sent])
+                       for name, _ in first.backbone.named_parameters()}
+        self.global_state = {name: torch.stack([s[name] for s in sent]) for name in sent[0]}
+        self.momenta = {name: torch.zeros_like(p) for name, p in self.params.items()} if first.momentum else {}
+        self.client_tensors = {name: torch.stack(values) for name, values in tensors.items()}
+        every = [client for clients in runs for client in clients]
+        self.facts = {name: torch.tensor([getattr(c.client, name) for c in every], device=self.device)
+                      for name in CLIENT_FACTS}
+        self.part_sums: dict[str, Tensor] = {}
+
+    def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """Each step's batches of every client, seed after seed ``[seeds * clients, B, ...]``: each seed's from
+        its own (seed, round, client) streams, converted to its run's precision."""
+        streams = []
+        for run, clients in zip(self.active, self.runs):
+            client = clients[0].client
+            streams.append(run.cli.datamodule.stacked_client_batches(
+                tuple(c.client.client_id for c in clients), client.round_idx,
+                run.trainer.federation.local_epochs, client.seed))
+        convert = self.active[0].trainer.precision_plugin.convert_input
+        for parts in zip(*streams):
+            x, y = convert((torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])))
+            yield x, y
+
+    def check_stored(self, before: dict[str, Any]) -> None:
+        """The first step: a loss that stored something on the algorithm is refused (as batched clients)."""
+        module = self.active[0].module
+        stored = stored_attributes(before, vars(module))
+        if stored:
+            raise ValueError(
+                f"model {type(module).__name__}: client_loss stores {', '.join('self.' + k for k in stored)}; a loss "
+                "keeps no state (batched clients would leak mapped tensors into it): keep per-client results in "
+                "on_client_end, or set unbatchable_reason")
+
+    @torch.no_grad()
+    def finish(self, s: int, server_round: ServerRound, loss_sums: Tensor) -> None:
+        """Seed ``s``'s clients, in order: each one's weights into the seed's backbone, its run ended with its
+        own summed loss, folded into ``server_round``."""
+        module = self.active[s].module
+        own = dict(module.backbone.named_parameters())
+        for i, client in enumerate(self.runs[s]):
+            n = s * self.clients + i
+            for name, stacked in self.params.items():
+                own[name].copy_(stacked[n])
+            client.loss_sum = loss_sums[n]
+            server_round.add(client.client.client_id, client.end())
+
+
+def train_together(runs: dict[int, list[str]], stop: Any) -> Cohort:
+    """Build and train the seeds' runs together (``NotTogether``: they cannot; nothing was written)."""
+    cohort = Cohort(runs, stop)
+    cohort.fit()
+    if stop.signum is not None:
+        raise StoppedTogether(cohort, stop.signum)
+    return cohort
+
+
+class StoppedTogether(Exception):
+    """A stop signal ended the seeds after a round, every seed checkpointed."""
+
+    def __init__(self, cohort: Cohort, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.cohort, self.signum = cohort, signum
