@@ -65,7 +65,7 @@ class _UnmappedData:
 UNMAPPED_DATA: Any = _UnmappedData()
 
 
-class _LocalLoss(nn.Module):
+class LocalLoss(nn.Module):
     """``algorithm.local_loss`` as a module call, so that ``functional_call`` can swap the weights it sees."""
 
     def __init__(self, algorithm: fedrcl.algorithms.fedavg.FedAvg):
@@ -110,7 +110,7 @@ class ClientBatching:
                              f"got {mode!r}")
         self.mode, self.compile = mode, compile
         self._noticed: set[str] = set()
-        self._module: Optional[_LocalLoss] = None
+        self._module: Optional[LocalLoss] = None
         self._losses: Optional[Callable[..., tuple[Tensor, dict[str, Tensor]]]] = None
         self._low: Optional[torch.dtype] = None
         self.compile_seconds: Optional[float] = None
@@ -148,7 +148,7 @@ class ClientBatching:
         device_type = x.device.type
         low = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
         if self._module is None or self._module.algorithm is not pl_module or self._low != low:
-            self._module, self._low = _LocalLoss(pl_module), low
+            self._module, self._low = LocalLoss(pl_module), low
             module = self._module
 
             def one_client(p: dict[str, Tensor], c: dict[str, Tensor], f: dict[str, Tensor], xb: Tensor,

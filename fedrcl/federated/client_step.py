@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
-from fedrcl.federated.batched import _LocalLoss, clip_coefficients
+from fedrcl.federated.batched import LocalLoss, clip_coefficients
 
 if TYPE_CHECKING:
     import fedrcl.algorithms.fedavg
@@ -82,7 +82,7 @@ class ClientStep:
         self.algorithm, self.seeds, self.clients, self.low = algorithm, seeds, clients, low
         self.momentum, self.weight_decay = float(algorithm.momentum), float(algorithm.weight_decay)
         self.max_norm = algorithm.grad_clip_norm
-        self._module = _LocalLoss(algorithm)
+        self._module = LocalLoss(algorithm)
         step: Callable[..., Any] = self._step
         self.step = torch.compile(step, fullgraph=True, **compile) if compile is not None else step
 

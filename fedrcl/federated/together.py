@@ -24,6 +24,7 @@ than one device), falls back to one seed after another (``fedrcl seeds`` without
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import signal
 import time
 from collections.abc import Iterator
@@ -33,13 +34,14 @@ import torch
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
+from torch.func import functional_call
 
 from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.contract.exchange import check_method
 from fedrcl.contract.plan import RoundPlan
 from fedrcl.contract.weights import load_state_, snapshot
 from fedrcl.federated import batched
-from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, client_view, per_client_attributes, same, \
+from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, LocalLoss, client_view, per_client_attributes, \
     stack_clients, stored_attributes
 from fedrcl.federated.checkpoint import resume_path, run_checkpoints
 from fedrcl.federated.client_step import ClientStep, StepInputs
@@ -114,11 +116,30 @@ class Cohort:
     """
 
     def __init__(self, runs: dict[int, list[str]], stop: Any):
+        self.stop = stop
+        self.seeds: list[SeedRun] = []
+        try:
+            self._build(runs)
+        except BaseException:
+            self.abandon()
+            raise
+        self._steps: dict[tuple[int, int], ClientStep] = {}
+        self._checked = False
+
+    def abandon(self) -> None:
+        """After a failure before any round was logged (``NotTogether`` among them): remove the run folders
+        these starts made (``remove_failed_start``: never one that holds a checkpoint or existed before)."""
+        from fedrcl.lightning_cli import remove_failed_start
+
+        for run in self.seeds:
+            remove_failed_start(run.cli)
+
+    def _build(self, runs: dict[int, list[str]]) -> None:
+        """Each seed's run built as its ``fedrcl fit`` would, checked and opened (resumed); nothing written but
+        the split file that setting up its data writes."""
         from fedrcl.cli import split_ckpt_path
         from fedrcl.lightning_cli import build_cli
 
-        self.stop = stop
-        self.seeds: list[SeedRun] = []
         paths: list[Optional[str]] = []
         for seed, args in runs.items():
             args, ckpt_path = split_ckpt_path(args)
@@ -140,8 +161,6 @@ class Cohort:
         if len(sizes) > 1:
             raise NotTogether(f"the seeds' batch sizes differ ({sorted(sizes)}: data.batch_size null with "
                               "--vary_split); set data.batch_size")
-        self._steps: dict[tuple[int, int], ClientStep] = {}
-        self._checked = False
 
     @staticmethod
     def _checkpoint(run: SeedRun, ckpt_path: Optional[str]) -> Optional[str]:
@@ -163,11 +182,20 @@ class Cohort:
             if not active:
                 break
             started = time.perf_counter()
-            rounds, stacked = self._begin(active)
+            try:
+                rounds, stacked = self._begin(active)
+                batches = stacked.batches()
+                first = next(batches)
+                if not self._checked:  # the seeds' own losses equal the stacked step's, before anything is written
+                    stacked.check_seeds(*first, MIXED.get(str(active[0].trainer.precision)))
+            except BaseException:
+                if not self._checked:
+                    self.abandon()
+                raise
             if not self._checked:
                 self._checked = True
                 self._open(active)
-            losses = self._train(active, rounds, stacked)
+            losses = self._train(active, rounds, stacked, itertools.chain([first], batches))
             seconds = time.perf_counter() - started
             for s, (run, server_round) in enumerate(zip(active, rounds)):
                 self._end_round(run, server_round, stacked, losses, s, seconds)
@@ -203,7 +231,8 @@ class Cohort:
             rounds.append(server_round)
         return rounds, StackedSeeds(active, runs, check=not self._checked)
 
-    def _train(self, active: list[SeedRun], rounds: list[ServerRound], stacked: "StackedSeeds") -> Tensor:
+    def _train(self, active: list[SeedRun], rounds: list[ServerRound], stacked: "StackedSeeds",
+               batches: Iterator[tuple[Tensor, Tensor]]) -> Tensor:
         """The round's local steps of every client of every seed; returns each client's summed loss."""
         first = active[0]
         step = self._step(first, len(active), stacked.clients)
@@ -211,7 +240,6 @@ class Cohort:
         lr = torch.tensor([[run.module.client_lr(r.round_idx, epoch) for run, r in zip(active, rounds)
                             for _ in range(stacked.clients)] for epoch in range(first.trainer.federation.local_epochs)],
                           device=stacked.device)
-        batches = stacked.batches()
         params, momenta = stacked.params, stacked.momenta
         loss_sums: Optional[Tensor] = None
         part_sums: dict[str, Tensor] = {}
@@ -306,6 +334,18 @@ class Cohort:
                                 for r in self.seeds) + ")"
 
 
+def _differing_loss(a: tuple[Tensor, dict[str, Tensor]], b: tuple[Tensor, dict[str, Tensor]]
+                    ) -> Optional[tuple[str, str, str]]:
+    """Where two ``local_loss`` results (loss and parts) differ beyond kernel rounding: the name (``loss``,
+    ``loss part 'ntd'``) and both values; ``None`` if they agree."""
+    if a[1].keys() != b[1].keys():
+        return "set of loss parts", ", ".join(a[1]), ", ".join(b[1])
+    for name, x, y in [*((f"loss part {k!r}", a[1][k], b[1][k]) for k in a[1]), ("loss", a[0], b[0])]:
+        if x.shape != y.shape or not torch.allclose(x, y, rtol=1e-6, atol=1e-7):
+            return name, f"{float(x.float().mean()):.6g}", f"{float(y.float().mean()):.6g}"
+    return None
+
+
 class StackedSeeds:
     """One round's clients of every active seed on one stacked axis ``[seeds * clients, ...]``: started, checked,
     their weights, momenta, tensors and facts stacked; ``finish`` hands each client's weights back to its run.
@@ -320,10 +360,8 @@ class StackedSeeds:
         first = active[0].module
         names = tuple(getattr(first, "client_tensors", ()))
         tensors: dict[str, list[Tensor]] = {name: [] for name in names}
-        received = []  # per seed: what the downlink and on_client_start changed, beyond the per-client names
         for run, clients in zip(active, runs):
             module = run.module
-            before = client_view(module, PER_CLIENT | set(names)) if check else {}
             views = []
             for client in clients:
                 client.start()
@@ -338,14 +376,6 @@ class StackedSeeds:
                         f"model {type(module).__name__}: on_client_start sets "
                         f"{', '.join('self.' + n for n in differing)} differently per client, and batched clients "
                         f"would all see the last client's: {batched.REMEDY} (fedrcl.federated.batched)")
-                received.append({k: v for k, v in views[-1].items() if k not in before or not same(before[k], v)})
-        if check:
-            apart = sorted({k for r in received[1:] for k in r.keys() | received[0].keys()
-                            if k not in r or k not in received[0] or not same(received[0][k], r[k])})
-            if apart:
-                raise NotTogether(f"model {type(first).__name__}: each seed's clients receive their own "
-                                  f"{', '.join('self.' + n for n in apart)} (set by the downlink or on_client_start), "
-                                  "which one stacked step cannot give them")
         sent = [clients[0].downlink.sent for clients in runs]
         self.device = next(iter(sent[0].values())).device
         self.params = {name: torch.cat([stack_clients(s[name].detach(), self.clients) for s in sent])
@@ -371,6 +401,32 @@ class StackedSeeds:
         for parts in zip(*streams):
             x, y = convert((torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])))
             yield x, y
+
+    def check_seeds(self, x: Tensor, y: Tensor, low: Optional[torch.dtype]) -> None:
+        """Before the first step: the stacked step runs every seed's clients with the first seed's algorithm
+        object; each other seed's last started client's loss on its first batch must be the same computed by its
+        own object (which holds what its clients received: a global teacher, a proximal anchor, its round), else
+        ``NotTogether``."""
+        own_loss = self.active[0].module
+        for s, run in enumerate(self.active[1:], start=1):
+            n = (s + 1) * self.clients - 1
+            params = {f"algorithm.backbone.{k}": p[n] for k, p in self.params.items()}
+            if low is not None:
+                params, xn = {k: p.to(low) for k, p in params.items()}, x[n].to(low)
+            else:
+                xn = x[n]
+            inputs = ({k: t[n] for k, t in self.client_tensors.items()}, {k: f[n] for k, f in self.facts.items()},
+                      xn, y[n], {k: g[s] for k, g in self.global_state.items()})
+            with torch.no_grad():
+                mine = functional_call(LocalLoss(run.module), params, inputs)
+                stacked = functional_call(LocalLoss(own_loss), params, inputs)
+            differing = _differing_loss(mine, stacked)
+            if differing is not None:
+                name, own, first = differing
+                raise NotTogether(
+                    f"model {type(run.module).__name__}: seed {run.seed}'s clients compute another {name} with their "
+                    f"own algorithm ({own}) than with seed {self.active[0].seed}'s ({first}): they read something "
+                    "of their seed (e.g. its global model as a teacher) that one stacked step cannot give each seed")
 
     def check_stored(self, before: dict[str, Any]) -> None:
         """The first step: a loss that stored something on the algorithm is refused (as batched clients)."""

@@ -1,0 +1,172 @@
+"""Seeds together (``fedrcl seeds --together``): each seed is the run its own ``fedrcl fit`` would be."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import REPO, assert_same_state
+from fedrcl import seeds
+from fedrcl.federated import batched
+
+SEEDS = ("0", "1", "2")
+
+
+def args(data_root: Path, save_dir: Path, *extra: str, rounds: int = 3, model: str = "fedrcl.algorithms.FedAvg"
+         ) -> list[str]:
+    """The quickstart shrunk to seconds: 10 clients, 3 a round, 2 local epochs of 3 steps."""
+    return ["--config", str(REPO / "configs" / "quickstart.yaml"), "--model", model, "--data.root", str(data_root),
+            "--data.num_clients", "10", "--trainer.accelerator", "cpu",
+            "--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.callbacks", "[]",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+            "--trainer.rounds", str(rounds), "--trainer.local_epochs", "2", "--data.local_iters_per_epoch", "3",
+            "--trainer.clients_per_round", "3", *extra]
+
+
+def last(save_dir: Path, seed: int, version: int = 0) -> dict:
+    path = save_dir / "quickstart" / f"seed{seed}" / f"version_{version}" / "checkpoints" / "last.ckpt"
+    return torch.load(path, weights_only=True)
+
+
+def relative_difference(a: dict, b: dict) -> float:
+    """The largest per-tensor ``max|a - b| / max|b|`` over the floating-point entries of two state dicts."""
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max())
+               for k in b if b[k].is_floating_point())
+
+
+def scalars(save_dir: Path, seed: int) -> dict[str, list[tuple[int, float]]]:
+    events = EventAccumulator(str(save_dir / "quickstart" / f"seed{seed}" / "version_0"))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+@pytest.mark.parametrize("model,precision", [("FedAvg", "32-true"), ("FedRCL", "64-true")])
+def test_each_seed_equals_its_own_fit(data_root, tmp_path, capsys, model, precision):
+    """Three seeds trained together: each seed's weights after 3 rounds within 1e-5 (relative) of the same seed's
+    ``fedrcl fit``, its step count, accuracy EMA and scalars (the same tags, so report and plot read it) too.
+    FedRCL in float64: its loss is a hinge at the threshold, so in float32 a pair whose similarity rounds to the
+    other side changes a step's gradient (docs/seeds.md)."""
+    common = args(data_root, tmp_path / "x", "--model", f"fedrcl.algorithms.{model}", "--trainer.precision", precision)
+    seeds.main(["--seeds", *SEEDS, "--together", *common,
+                "--trainer.logger.init_args.save_dir", str(tmp_path / "together")])
+    out = capsys.readouterr().out
+    assert "--together:" not in out  # no fallback
+    assert out.count("seed 2: Round 3/3") == 1
+    seeds.main(["--seeds", *SEEDS, *common, "--trainer.logger.init_args.save_dir", str(tmp_path / "alone")])
+    for seed in range(3):
+        together, alone = last(tmp_path / "together", seed), last(tmp_path / "alone", seed)
+        assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-5, seed
+        assert (together["epoch"], together["global_step"]) == (alone["epoch"], alone["global_step"]) == (2, 54)
+        assert together["acc_ema"] == pytest.approx(alone["acc_ema"], abs=1e-6)
+        a, b = scalars(tmp_path / "together", seed), scalars(tmp_path / "alone", seed)
+        assert a.keys() == b.keys()
+        for tag in ("train/loss", "train/lr", "val/acc"):
+            assert [s for s, _ in a[tag]] == [1, 2, 3]
+            assert [v for _, v in a[tag]] == pytest.approx([v for _, v in b[tag]], rel=1e-5), tag
+    assert relative_difference(last(tmp_path / "together", 0)["state_dict"],
+                               last(tmp_path / "together", 1)["state_dict"]) > 1e-2  # seeds differ
+
+
+def test_killed_and_resumed_equals_uninterrupted(data_root, tmp_path):
+    """``kill -9`` of a 3-seed run once every seed has checkpointed round 2 (possibly some round 3 as well), then
+    ``--ckpt_path last``: each seed ends where the run that never stopped ends, bitwise (CPU)."""
+    common = args(data_root, tmp_path / "killed", "--trainer.checkpoint_every", "1", rounds=4)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedrcl.cli", "seeds", "--seeds", *SEEDS, "--together", *common],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    round2 = [tmp_path / "killed" / "quickstart" / f"seed{s}" / "version_0" / "checkpoints" / "round0001.ckpt"
+              for s in range(3)]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(p.exists() for p in round2):
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "no round-2 checkpoints in 120 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert not (tmp_path / "killed" / "quickstart" / "seed0" / "version_0" / "checkpoints" / "round0003.ckpt").exists()
+    seeds.main(["--seeds", *SEEDS, "--together", *common, "--ckpt_path", "last"])
+    seeds.main(["--seeds", *SEEDS, "--together", *args(data_root, tmp_path / "whole", "--trainer.checkpoint_every",
+                                                        "1", rounds=4)])
+    for seed in range(3):
+        resumed, whole = last(tmp_path / "killed", seed, version=1), last(tmp_path / "whole", seed)
+        assert resumed["epoch"] == whole["epoch"] == 3
+        assert_same_state(resumed["state_dict"], whole["state_dict"])
+        assert resumed["global_step"] == whole["global_step"]
+
+
+def test_resumes_seeds_at_different_rounds_and_starts_new_ones(data_root, tmp_path, capsys):
+    """``--ckpt_path last`` with seed 0 checkpointed after round 2 and seed 1 never run: seed 1 starts (said), both
+    train together, and each ends as its own uninterrupted fit."""
+    seeds.main(["--seeds", "0", "--together", *args(data_root, tmp_path / "a", rounds=2)])
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "a"), "--ckpt_path", "last"])
+    assert "seed 1: no checkpoint in" in capsys.readouterr().out
+    seeds.main(["--seeds", "0", "1", *args(data_root, tmp_path / "b")])
+    assert relative_difference(last(tmp_path / "a", 0, version=1)["state_dict"],
+                               last(tmp_path / "b", 0)["state_dict"]) <= 1e-5
+    assert relative_difference(last(tmp_path / "a", 1)["state_dict"], last(tmp_path / "b", 1)["state_dict"]) <= 1e-5
+
+
+@pytest.mark.parametrize("model,reason", [
+    ("MOON", "seed 0: MOON keeps a previous local model per client"),
+    ("FedNTD", "model FedNTD: seed 1's clients compute another loss part 'ntd'"),
+])
+def test_a_method_that_cannot_train_together_falls_back(data_root, tmp_path, capsys, model, reason):
+    """MOON cannot be batched; FedNTD's clients get their seed's global model as teacher, which one stacked step
+    cannot give them: one line says so and the seeds train one after another, into the same folders (nothing
+    was written by the attempt)."""
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path, rounds=1,
+                                                            model=f"fedrcl.algorithms.{model}")])
+    out = capsys.readouterr().out
+    assert f"fedrcl seeds: --together: {reason}" in out and "one after another instead" in out
+    for seed in (0, 1):
+        folder = tmp_path / "quickstart" / f"seed{seed}"
+        assert sorted(p.name for p in folder.iterdir()) == ["version_0"]
+        assert (folder / "version_0" / "checkpoints" / "last.ckpt").exists()
+
+
+def test_the_whole_client_step_is_one_graph_without_host_syncs(data_root, tmp_path, monkeypatch):
+    """With ``trainer.compile_clients`` the stacked step (forward, FedRCL's loss, backward, clip, SGD) compiles
+    with ``fullgraph=True`` to one graph, not recompiled over 3 rounds (aot_eager on the CPU); and after the
+    first round's checks no step reads a value back to the host (``item``, ``bool``, ``tolist``, ``float``)."""
+    from torch._dynamo.utils import counters
+
+    from fedrcl.federated import together
+
+    monkeypatch.setattr(batched, "COMPILE_BACKEND", "aot_eager")
+    reads: list[str] = []
+    train = together.Cohort._train
+
+    def counted(self, *a, **k):
+        if not self._checked_loss:  # the first round's step checks the loss (it compares values)
+            return train(self, *a, **k)
+        originals = {name: getattr(torch.Tensor, name) for name in ("item", "__bool__", "tolist", "__float__")}
+        for name, original in originals.items():
+            def read(tensor, *rest, _name=name, _original=original):
+                reads.append(_name)
+                return _original(tensor, *rest)
+            setattr(torch.Tensor, name, read)
+        try:
+            return train(self, *a, **k)
+        finally:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+
+    monkeypatch.setattr(together.Cohort, "_train", counted)
+    counters.clear()
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path, "--trainer.compile_clients", "true",
+                                                            model="fedrcl.algorithms.FedRCL")])
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 1
+    assert last(tmp_path, 1)["epoch"] == 2
+    assert reads == []
