@@ -271,7 +271,7 @@ def _run_together(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
     from fedrcl.federated.together import NotTogether, StoppedTogether, train_together
 
     try:
-        train_together(runs, stop)
+        cohort = train_together(runs, stop)
     except NotTogether as reason:
         print(f"fedrcl seeds: --together: {reason}; the seeds train one after another instead", flush=True)
         return _run_in_process(runs, stop)
@@ -282,7 +282,7 @@ def _run_together(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
         if not report_user_error(error, prog="fedrcl seeds --together", argv=[a for r in runs.values() for a in r]):
             traceback.print_exc()
         return Outcome(failed=list(runs))
-    return Outcome()
+    return Outcome(failed=[run.seed for run in cohort.seeds if run.failed])
 
 
 def resume_command(seeds_args: list[str], fit_args: list[str], outcome: Outcome) -> str:

@@ -105,6 +105,35 @@ def test_killed_and_resumed_equals_uninterrupted(data_root, tmp_path):
         assert resumed["global_step"] == whole["global_step"]
 
 
+def test_sigterm_checkpoints_every_seed_and_resumes(data_root, tmp_path, monkeypatch, capsys):
+    """SIGTERM in round 1 of 3: the round ends, both seeds are checkpointed (not due: every 10 rounds), the exit
+    status is 128 + 15 with the resume command; that command ends where an uninterrupted run ends (bitwise)."""
+    from fedrcl.federated import together
+
+    report = together.Cohort._report
+
+    def signalled(self, run, *a, **k):
+        report(self, run, *a, **k)
+        if run.seed == 0 and run.next_round == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(together.Cohort, "_report", signalled)
+    common = args(data_root, tmp_path / "stopped", "--trainer.checkpoint_every", "10")
+    with pytest.raises(SystemExit) as stopped:
+        seeds.main(["--seeds", "0", "1", "--together", *common])
+    assert stopped.value.code == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM (seed 0 after round 1/3, seed 1 after round 1/3)" in err
+    assert "resume: fedrcl seeds --seeds 0 1 --together" in err and err.rstrip().endswith("--ckpt_path last")
+    monkeypatch.setattr(together.Cohort, "_report", report)
+    seeds.main(["--seeds", "0", "1", "--together", *common, "--ckpt_path", "last"])
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "whole")])
+    for seed in (0, 1):
+        assert last(tmp_path / "stopped", seed)["epoch"] == 0
+        assert_same_state(last(tmp_path / "stopped", seed, version=1)["state_dict"],
+                          last(tmp_path / "whole", seed)["state_dict"])
+
+
 def test_resumes_seeds_at_different_rounds_and_starts_new_ones(data_root, tmp_path, capsys):
     """``--ckpt_path last`` with seed 0 checkpointed after round 2 and seed 1 never run: seed 1 starts (said), both
     train together, and each ends as its own uninterrupted fit."""
@@ -137,7 +166,8 @@ def test_a_method_that_cannot_train_together_falls_back(data_root, tmp_path, cap
 
 def test_the_whole_client_step_is_one_graph_without_host_syncs(data_root, tmp_path, monkeypatch):
     """With ``trainer.compile_clients`` the stacked step (forward, FedRCL's loss, backward, clip, SGD) compiles
-    with ``fullgraph=True`` to one graph, not recompiled over 3 rounds (aot_eager on the CPU); and after the
+    with ``fullgraph=True`` to one graph, not recompiled over 3 rounds, and the seeds' evaluation to one more
+    (aot_eager on the CPU); and after the
     first round's checks no step reads a value back to the host (``item``, ``bool``, ``tolist``, ``float``)."""
     from torch._dynamo.utils import counters
 
@@ -167,6 +197,6 @@ def test_the_whole_client_step_is_one_graph_without_host_syncs(data_root, tmp_pa
     seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path, "--trainer.compile_clients", "true",
                                                             model="fedrcl.algorithms.FedRCL")])
     assert dict(counters["graph_break"]) == {}
-    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["stats"]["unique_graphs"] == 2  # the step, and the seeds' evaluation (one test batch)
     assert last(tmp_path, 1)["epoch"] == 2
     assert reads == []

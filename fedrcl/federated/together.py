@@ -34,7 +34,7 @@ import torch
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch.func import functional_call
+from torch.func import functional_call, vmap
 
 from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.contract.exchange import check_method
@@ -45,7 +45,9 @@ from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, LocalLoss, client
     stack_clients, stored_attributes
 from fedrcl.federated.checkpoint import resume_path, run_checkpoints
 from fedrcl.federated.client_step import ClientStep, StepInputs
-from fedrcl.federated.driven import evaluate, log_round, not_run, open_run, save_round, write_run_folder
+from fedrcl.data.datamodule import EvalBatches
+from fedrcl.federated.divergence import DivergenceError
+from fedrcl.federated.driven import log_round, not_run, open_run, save_round, write_run_folder
 from fedrcl.federated.progress import RunClock, round_line, run_summary
 from fedrcl.federated.round import ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
@@ -69,6 +71,7 @@ class SeedRun:
     saved: bool = True  # whether the last round done is checkpointed
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     stopped: Optional[str] = None  # why it stopped before its last round (``trainer.max_time``)
+    failed: Optional[str] = None  # why it failed (a diverged round: its last checkpoint is its last good round)
 
     @property
     def module(self) -> FedAvg:
@@ -81,7 +84,7 @@ class SeedRun:
 
     @property
     def done(self) -> bool:
-        return self.stopped is not None or self.next_round >= self.trainer.max_epochs
+        return self.stopped is not None or self.failed is not None or self.next_round >= self.trainer.max_epochs
 
     def timer(self) -> Optional[Timer]:
         return next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
@@ -124,6 +127,7 @@ class Cohort:
             self.abandon()
             raise
         self._steps: dict[tuple[int, int], ClientStep] = {}
+        self._evaluate: Optional[SeedsEvaluation] = None
         self._checked = False
 
     def abandon(self) -> None:
@@ -196,9 +200,7 @@ class Cohort:
                 self._checked = True
                 self._open(active)
             losses = self._train(active, rounds, stacked, itertools.chain([first], batches))
-            seconds = time.perf_counter() - started
-            for s, (run, server_round) in enumerate(zip(active, rounds)):
-                self._end_round(run, server_round, stacked, losses, s, seconds)
+            self._end_round(active, rounds, stacked, losses, time.perf_counter() - started)
             if self.stop.signum is not None:
                 break
         self._close()
@@ -269,22 +271,47 @@ class Cohort:
         ``trainer.compile_clients``, CUDA graphs on CUDA with inductor, as batched clients)."""
         key = (seeds, id(first.module))
         if key not in self._steps:
-            trainer = first.trainer
-            compile_: Optional[dict[str, Any]] = None
-            if trainer.federation.batching.compile:
-                cuda = trainer.strategy.root_device.type == "cuda"
-                graphs = cuda and batched.COMPILE_BACKEND == "inductor"
-                compile_ = {"backend": batched.COMPILE_BACKEND, "mode": "reduce-overhead" if graphs else None}
-            self._steps[key] = ClientStep(first.module, seeds, clients, MIXED.get(str(trainer.precision)), compile_)
+            self._steps[key] = ClientStep(first.module, seeds, clients, MIXED.get(str(first.trainer.precision)),
+                                          self._compile_options(first))
         return self._steps[key]
 
-    def _end_round(self, run: SeedRun, server_round: ServerRound, stacked: "StackedSeeds", loss_sums: Tensor,
-                   s: int, seconds: float) -> None:
-        """Seed ``s``'s clients end and fold in; its new global model, evaluation, scalars, line, checkpoint."""
-        trainer, module = run.trainer, run.module
-        clients = stacked.clients
-        stacked.finish(s, server_round, loss_sums)
-        load_state_(module.backbone, server_round.finish())
+    @staticmethod
+    def _compile_options(first: SeedRun) -> Optional[dict[str, Any]]:
+        """``torch.compile``'s options with ``trainer.compile_clients`` (``None`` without): as batched clients,
+        CUDA graphs (``reduce-overhead``) on CUDA with inductor."""
+        trainer = first.trainer
+        if not trainer.federation.batching.compile:
+            return None
+        graphs = trainer.strategy.root_device.type == "cuda" and batched.COMPILE_BACKEND == "inductor"
+        return {"backend": batched.COMPILE_BACKEND, "mode": "reduce-overhead" if graphs else None}
+
+    def _end_round(self, active: list[SeedRun], rounds: list[ServerRound], stacked: "StackedSeeds",
+                   loss_sums: Tensor, seconds: float) -> None:
+        """Every seed's clients end and fold into its server round (a seed whose round diverged stops, named;
+        the others go on); the new global models are evaluated together; each seed's scalars, line, checkpoint."""
+        folded = []
+        for s, (run, server_round) in enumerate(zip(active, rounds)):
+            stacked.finish(s, server_round, loss_sums)
+            try:
+                load_state_(run.module.backbone, server_round.finish())
+            except DivergenceError as error:
+                run.failed = f"{error}"
+                print(f"fedrcl seeds: seed {run.seed}: {error}", flush=True)
+                continue
+            folded.append(s)
+        due = [s for s in folded if (active[s].next_round + 1) % active[s].trainer.check_val_every_n_epoch == 0]
+        started = time.perf_counter()
+        accuracies = dict(zip(due, self._evaluation(active[due[0]]).accuracies([active[s] for s in due]))) \
+            if due else {}
+        for s in due:  # the evaluation's time, shared by the seeds evaluated together
+            active[s].trainer.federation.ledger.add("evaluation", time.perf_counter() - started)
+        for s in folded:
+            self._report(active[s], stacked, loss_sums, s, seconds, accuracies.get(s))
+
+    def _report(self, run: SeedRun, stacked: "StackedSeeds", loss_sums: Tensor, s: int, seconds: float,
+                accuracy: Optional[float]) -> None:
+        """Seed ``s``'s round as ``fedrcl fit`` reports it: scalars, the round's line, checkpoints, time limit."""
+        trainer, module, clients = run.trainer, run.module, stacked.clients
         round_idx, steps = run.next_round, clients * stacked.runs[s][0].client.num_steps
         run.steps += steps
         mine = slice(s * clients, (s + 1) * clients)
@@ -292,13 +319,10 @@ class Cohort:
         metrics = {f"train/{k}": float(v) / steps for k, v in sums.items()}
         metrics["train/lr"] = float(module.client_lr(round_idx, 0))
         metrics["time/round_seconds"] = seconds
-        federation = trainer.federation
-        if (round_idx + 1) % trainer.check_val_every_n_epoch == 0:
-            with federation.ledger.timed("evaluation"):
-                metrics["val/acc"] = evaluate(module, run.cli.datamodule)
-            if module.acc_ema is not None:
-                metrics["val/acc_ema"] = module.acc_ema
-        _, ledger = federation.ledger.metrics()
+        if accuracy is not None:
+            metrics["val/acc"] = accuracy
+            metrics["val/acc_ema"] = module.update_acc_ema(accuracy)
+        _, ledger = trainer.federation.ledger.metrics()
         log_round(trainer, round_idx, {**metrics, **ledger})
         shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss") if k in metrics}
         print(f"seed {run.seed}: {round_line(trainer, shown, run.clock)}", flush=True)
@@ -311,6 +335,11 @@ class Cohort:
             run.stopped = f"trainer.max_time reached after round {round_idx + 1}"
             self._checkpoint_now(run)
 
+    def _evaluation(self, first: SeedRun) -> "SeedsEvaluation":
+        if self._evaluate is None:
+            self._evaluate = SeedsEvaluation(first, self._compile_options(first))
+        return self._evaluate
+
     def _checkpoint_now(self, run: SeedRun) -> None:
         if not run.saved:
             run.saved = save_round(run.trainer, run.module, run.next_round - 1, run.steps, now=True)
@@ -322,7 +351,7 @@ class Cohort:
             if stopping and run.next_round > 0:
                 self._checkpoint_now(run)
             for logger in run.trainer.loggers:
-                logger.finalize("success" if run.done and not stopping else "failed")
+                logger.finalize("success" if run.done and not stopping and not run.failed else "failed")
             if run.stopped:
                 print(f"fedrcl seeds: seed {run.seed}: stopped early: {run.stopped}", flush=True)
             summary = run_summary(run.trainer, run.clock, run.metrics)
@@ -344,6 +373,43 @@ def _differing_loss(a: tuple[Tensor, dict[str, Tensor]], b: tuple[Tensor, dict[s
         if x.shape != y.shape or not torch.allclose(x, y, rtol=1e-6, atol=1e-7):
             return name, f"{float(x.float().mean()):.6g}", f"{float(y.float().mean()):.6g}"
     return None
+
+
+class SeedsEvaluation:
+    """Every seed's global model evaluated on the test set at once: per test batch, one forward of the first
+    seed's backbone mapped over the seeds' stacked weights (``vmap``), in the run's precision (under mixed
+    precision the forward runs in its low dtype, as the stacked step's), compiled with
+    ``trainer.compile_clients``. Top-1 accuracy as ``validation_step`` counts it (``argmax``, micro), read back
+    once per evaluation."""
+
+    def __init__(self, first: SeedRun, compile: Optional[dict[str, Any]]):
+        self.backbone = first.module.backbone
+        self.low = MIXED.get(str(first.trainer.precision))
+        self.convert = first.trainer.precision_plugin.convert_input
+        forward: Any = vmap(self._logits, in_dims=(0, None))
+        self.forward = torch.compile(forward, fullgraph=True, **compile) if compile is not None else forward
+
+    def _logits(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        if self.low is not None:
+            params, x = {k: p.to(self.low) for k, p in params.items()}, x.to(self.low)
+        logits: Tensor = functional_call(self.backbone, params, (x,)).logits
+        return logits
+
+    @torch.no_grad()
+    def accuracies(self, runs: list[SeedRun]) -> list[float]:
+        """Each run's global model's test accuracy (its data module's test set; the seeds share it)."""
+        states = [dict(r.module.backbone.named_parameters()) for r in runs]
+        params = {name: torch.stack([state[name] for state in states]) for name in states[0]}
+        correct: Optional[Tensor] = None
+        dm = runs[0].cli.datamodule
+        self.backbone.eval()
+        for x, y in EvalBatches(dm):
+            x, y = self.convert((x, y))
+            hits = (self.forward(params, x).argmax(-1) == y).sum(-1)
+            correct = hits if correct is None else correct + hits
+        self.backbone.train()
+        assert correct is not None  # a test set has samples
+        return (correct.double() / len(dm.y_test)).tolist()
 
 
 class StackedSeeds:
