@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One GPU lease, one command (docs/gpu.md). On the device machine, in one call:
 #   set up (the carried wheels, if its image lacks them) -> decode the carried CIFAR-10 mosaics -> probe the
-#   execution modes (or reuse the last lease's decision on the same GPU and torch) -> train FedAvg and FedRCL
-#   (and FedSCL if the probe shows room) side by side at width 64, each stopping after the round that passes
-#   the deadline, with a checkpoint -> collect into $OUT (summary.json, logs.tar.gz, checkpoint parts, then the
-#   compile cache; what does not fit waits in /tmp for --collect).
+#   execution modes and one seed against three seeds together (or reuse the last lease's decision on the same
+#   GPU and torch) -> train seeds 0, 1, 2 of FedAvg and of FedRCL at width 64 (one `fedrcl seeds --together`
+#   process per method, side by side; each seed from its own checkpoint if carried), stopped by SIGTERM on a
+#   whole round before the deadline, every seed checkpointed -> collect into $OUT (summary.json, logs.tar.gz,
+#   the probe's profile, checkpoint parts, then the compile cache; what does not fit waits in /tmp for
+#   --collect).
 #
 #   bash bench/gpu_lease.sh --prepare [--from DIR ...]  here: fill .lease/ (and .lease2/, ...) for carry,
 #                                                      DIR: the last lease's returned files, to continue it
@@ -14,15 +16,17 @@
 #
 # Environment: LEASE_LIMIT_S (600) the call's limit; LEASE_COLLECT_S (45) kept for collecting; LEASE_PROBE_S
 # (150) the probe's limit; LEASE_PROBE=always probes even where the last decision could be reused;
-# LEASE_WORK (/tmp/lease); LEASE_CARRY (.lease); LEASE_DATA (../shared/data/cifar10_jpeg, for --prepare).
-# GPU_LEASE_REHEARSAL=1: the same steps on this CPU at toy scale (width 2, 3 rounds; tests/test_gpu_lease.py),
-# with GPU_LEASE_BREAK (default batched+compiled=error,batched=unequal) breaking the batched modes on purpose
-# and LEASE_TOY_WIDTH (2) the ResNet-18 width.
+# LEASE_ROUND_MARGIN_S (1.5 x 2 x the probe's FedRCL round of three seeds, else 30) how long before the
+# deadline the runs get SIGTERM; LEASE_WORK (/tmp/lease); LEASE_CARRY (.lease); LEASE_DATA
+# (../shared/data/cifar10_jpeg, for --prepare).
+# GPU_LEASE_REHEARSAL=1: the same steps on this CPU at toy scale (width 4, 3 rounds; tests/test_gpu_lease.py),
+# with GPU_LEASE_BREAK (default batched+compiled=error) breaking a mode on purpose (MODE=error or
+# MODE=unequal, comma-separated) and LEASE_TOY_WIDTH (4) the ResNet-18 width.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LEASE_T0=${LEASE_T0:-$(date +%s.%N)} PYTHONUNBUFFERED=1
 if [[ ${GPU_LEASE_REHEARSAL:-0} == 1 ]]; then
-  export GPU_LEASE_BREAK=${GPU_LEASE_BREAK-batched+compiled=error,batched=unequal}
+  export GPU_LEASE_BREAK=${GPU_LEASE_BREAK-batched+compiled=error}
 fi
 carry=${LEASE_CARRY:-.lease}
 

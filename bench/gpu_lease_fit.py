@@ -1,11 +1,12 @@
-"""``fedrcl fit`` for the GPU lease, with torch.compile's cache carried between leases.
+"""A ``fedrcl`` command for the GPU lease (``fedrcl seeds --seeds 0 1 2 --together ...``), with torch.compile's
+cache carried between leases.
 
-    python3 bench/gpu_lease_fit.py --cache-in DIR --cache-out FILE fit --config ... (any fedrcl fit arguments)
+    python3 bench/gpu_lease_fit.py --cache-in DIR --cache-out FILE seeds --seeds 0 1 2 --together --config ...
 
 Before the run: every ``*.bin`` in ``DIR`` (``torch.compiler.save_cache_artifacts()`` of an earlier lease) is
 loaded with ``torch.compiler.load_cache_artifacts``, when ``DIR/meta.json`` names this torch and GPU (the
 artifacts are valid for nothing else). After it, also when it stops by an exception or a signal, this
-process's artifacts go to ``FILE`` with that ``meta.json`` beside it. Nothing else differs from ``fedrcl fit``.
+process's artifacts go to ``FILE`` with that ``meta.json`` beside it. Nothing else differs from ``fedrcl``.
 """
 from __future__ import annotations
 

@@ -3,13 +3,13 @@
 Subcommands (``python3 bench/gpu_lease_run.py <name>``):
 
     prepare [--from DIR ...]  here, before the lease: the carried folders (.lease, .lease2, ...: wheels, the
-                              CIFAR-10 JPEG mosaics, the last lease's checkpoint parts, its compile cache if
-                              room is left),
-                              each call's payload measured against the carry limit
+      [--check SCRATCH]       CIFAR-10 JPEG mosaics, the last lease's checkpoint parts, its compile cache if
+                              room is left), each call's payload measured against the carry limit; --check:
+                              every carried checkpoint must resume its seed here (built on the CPU)
     stash                     on the device: copy the carried checkpoint parts into the work folder, nothing else
     lease                     on the device: stash, decode the mosaics, probe (or reuse the last decision), train
-                              FedAvg and FedRCL (and FedSCL if the probe shows room) side by side until the
-                              deadline, then collect
+                              seeds 0, 1, 2 of FedAvg and of FedRCL (one ``fedrcl seeds --together`` process
+                              per method, side by side) until the deadline, then collect
     collect                   on the device: put the next files of the outbox into $OUT, within its limits
 
 Settings come from the environment (``bench/gpu_lease.sh`` documents them); ``GPU_LEASE_REHEARSAL=1`` runs the
@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,10 +36,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
 TILE = 32
-METHODS = ("FedAvg", "FedRCL", "FedSCL")  # the third only when the probe shows room
-# Execution modes, fastest first when they work: (client_batching, compile_clients).
+METHODS = ("FedAvg", "FedRCL")
+SEEDS = (0, 1, 2)  # trained together in one process per method; seed 0 continues the first lease's runs
+# Execution modes, fastest first when they work: (client_batching, compile_clients). The batched modes train
+# the seeds together; sequential trains seed 0 alone.
 MODES = {"batched+compiled": ("on", True), "batched": ("on", False), "sequential": ("off", False)}
-FORMAT = "fedrcl-gpu-lease/1"
+FORMAT = "fedrcl-gpu-lease/2"  # /1: the first lease's, one seed per method in <name>/version_N
+PROFILE = "probe_profile.txt"
 
 
 def env_float(name: str, default: float) -> float:
@@ -63,6 +67,7 @@ class Lease:
     out_files: int = field(default_factory=lambda: int(env_float("LEASE_OUT_FILES", 8)))
     out_bytes: int = field(default_factory=lambda: int(env_float("LEASE_OUT_BYTES", 63 * MiB)))
     index: int = 0  # leases before this one in the runs' history: their logs are version_0 ... version_{index-1}
+    margin_s: float = 0.0  # SIGTERM this long before the deadline: about one round of the runs side by side
 
     @property
     def deadline(self) -> float:
@@ -121,16 +126,23 @@ def decode_mosaics(folder: Path, npz: Path) -> int:
 
 # -- the runs ---------------------------------------------------------------------------------------------------
 def run_name(method: str, lease: Lease) -> str:
+    """The experiment's name: each seed's run is ``<name>/seed<k>`` (``fedrcl seeds``)."""
     return f"{'toy' if lease.rehearsal else 'r64'}_{method.lower()}"
 
 
+def seed_run(method: str, seed: int, lease: Lease) -> str:
+    return f"{run_name(method, lease)}/seed{seed}"
+
+
 def fit_args(method: str, mode: str, lease: Lease) -> list[str]:
-    """``fedrcl fit`` arguments of one run: configs/cifar10_a01.yaml (the paper's CIFAR-10, alpha 0.1) at width
-    64 with the authors' local lr decay, seed 0, evaluated every round; the rehearsal shrinks it to seconds."""
+    """The ``fedrcl fit`` arguments every seed of one method shares (``fedrcl seeds`` adds each seed's
+    ``--seed_everything k --trainer.seed k`` and run name ``<name>/seed<k>``): configs/cifar10_a01.yaml (the
+    paper's CIFAR-10, alpha 0.1) at width 64 with the authors' local lr decay, one client split for every seed
+    (``data.seed 0``), evaluated every round; the rehearsal shrinks it to seconds."""
     batching, compiled = MODES[mode]
-    args = ["fit", "--config", str(REPO / "configs" / "cifar10_a01.yaml"),
+    args = ["--config", str(REPO / "configs" / "cifar10_a01.yaml"),
             "--model", f"fedrcl.algorithms.{method}", "--model.init_args.local_lr_decay", "0.998",
-            "--seed_everything", "0", "--trainer.seed", "0", "--data.seed", "0", "--trainer.eval_every", "1",
+            "--data.seed", "0", "--trainer.eval_every", "1",
             "--data.root", str(lease.work / "data"), "--data.download", "false",
             "--trainer.client_batching", batching, "--trainer.compile_clients", str(compiled).lower(),
             "--trainer.precision", "bf16-mixed",
@@ -138,7 +150,7 @@ def fit_args(method: str, mode: str, lease: Lease) -> list[str]:
             "--trainer.logger.init_args.name", run_name(method, lease),
             "--trainer.logger.init_args.version", str(lease.index)]
     if lease.rehearsal:
-        width = os.environ.get("LEASE_TOY_WIDTH", "2")
+        width = os.environ.get("LEASE_TOY_WIDTH", "4")
         return args + ["--model.init_args.backbone.init_args.width", width, "--trainer.accelerator", "cpu",
                        "--torch_threads", "1", "--trainer.rounds", "3", "--data.num_clients", "10",
                        "--trainer.clients_per_round", "2", "--trainer.local_epochs", "2",
@@ -217,18 +229,20 @@ def stash(lease: Lease) -> int:
     return copied
 
 
-def probe(lease: Lease, facts: dict) -> dict:
-    """The mode decision: the last lease's on the same GPU and torch, else ``bench/gpu_lease_probe.py`` (in a
-    child process with a hard limit, so that a hang or a crash of the batched path costs at most the probe)."""
-    before = previous_summary(lease)
-    if before and before.get("mode") and before.get("gpu") == facts["gpu"] and \
-            before.get("torch") == facts["torch"] and os.environ.get("LEASE_PROBE") != "always":
+def probe(lease: Lease, facts: dict, before: dict | None) -> dict:
+    """The mode decision and the probe's table: the last lease's on the same GPU and torch, else
+    ``bench/gpu_lease_probe.py`` (in a child process with a hard limit, so that a hang or a crash of the batched
+    path costs at most the probe)."""
+    if before and before.get("format") == FORMAT and before.get("mode") and before.get("gpu") == facts["gpu"] \
+            and before.get("torch") == facts["torch"] and os.environ.get("LEASE_PROBE") != "always":
         log(f"probe: reusing the last lease's decision on this GPU: {before['mode']}")
-        return {"mode": before["mode"], "room_for_third": before.get("room_for_third", False),
-                "reused_from": before.get("lease_started"), "modes": before.get("probe", {}).get("modes", {})}
+        last = before.get("probe", {})
+        return {"mode": before["mode"], "reused_from": before.get("lease_started"),
+                "modes": last.get("modes", {}), "seeds_together": last.get("seeds_together", {})}
     result = lease.work / "probe.json"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, str(REPO / "bench" / "gpu_lease_probe.py"), "--result", str(result)]
+    cmd = [sys.executable, str(REPO / "bench" / "gpu_lease_probe.py"), "--result", str(result),
+           "--profile", str(lease.work / PROFILE)]
     limit = min(lease.probe_s, max(10.0, lease.deadline - time.time() - 60))
     log(f"probe: {' '.join(cmd[1:])} (at most {limit:.0f} s)")
     with open(lease.work / "logs" / "probe.log", "w") as out:
@@ -239,68 +253,109 @@ def probe(lease: Lease, facts: dict) -> dict:
             status = f"stopped at its limit of {limit:.0f} s"
     found = json.loads(result.read_text()) if result.exists() else {"modes": {}}
     found["status"] = status
-    timed = {m: r for m, r in found["modes"].items() if r.get("seconds_per_round")}
-    if found.get("mode") is None:  # the probe did not finish: the fastest mode it timed, else sequential
-        found["mode"] = min(timed, key=lambda m: timed[m]["seconds_per_round"]) if timed else "sequential"
-        found["room_for_third"] = False
+    if found.get("mode") is None:  # the probe did not decide: no batched mode passed and ran a paper round
+        found["mode"] = "sequential"
         for name in MODES:
             found["modes"].setdefault(name, {}).setdefault("dropped", f"not reached: probe {status}")
     log(f"probe: {status}; mode {found['mode']}; " + "; ".join(
-        f"{m}: {r.get('dropped') or format(r.get('seconds_per_round'), '.3f') + ' s/round'}"
-        for m, r in found["modes"].items()))
+        f"{m}: {r.get('dropped') or 'passed'}" for m, r in found["modes"].items()))
+    for line in together_table(found.get("seeds_together", {})):
+        log(f"probe: {line}")
     return found
 
 
-def start_run(method: str, mode: str, lease: Lease, before: dict | None, margin: float,
-              resume_from: Path | None = None) -> dict:
-    """Start one ``fedrcl fit`` (resumed from ``resume_from``, else from the carried checkpoint if there is one)
-    with ``max_time`` set so that the round that passes it ends before the deadline (``margin``: about one
-    round's seconds)."""
+def together_table(table: dict) -> list[str]:
+    """The probe's one seed against three seeds together, one line per method."""
+    lines = []
+    for method, rows in table.items():
+        cells = [f"{k} seed(s) {rows[k]['seconds_per_round']:.3f} s/round (GPU busy {rows[k].get('gpu_busy_nvml')})"
+                 for k in sorted(rows) if k.isdigit() and "seconds_per_round" in rows[k]]
+        ratio = f"; 3 together / 1 = {rows['ratio']:.2f}" if rows.get("ratio") is not None else ""
+        lines.append(f"{method}: {', '.join(cells) or 'not measured'}{ratio}")
+    return lines
+
+
+def place_checkpoints(lease: Lease, before: dict | None) -> dict[str, dict]:
+    """Each carried checkpoint re-joined into its seed's run folder (``<name>/seed<k>/version_<v>/checkpoints/
+    last.ckpt``, the version it was written in), where ``--ckpt_path last`` finds it. Returns per seed run the
+    rounds it starts from, or why it cannot be continued (its parts were not carried)."""
     import torch
 
-    name = run_name(method, lease)
-    args, offset, start_round = fit_args(method, mode, lease), 0.0, 0
-    saved = (before or {}).get("runs", {}).get(name, {}).get("checkpoint")
-    if resume_from is not None:
-        saved = None
-    if saved and not all((lease.work / "resume" / part).exists() for part in saved["parts"]):
-        log(f"train: {name} NOT started: parts of its checkpoint ({saved['file']}) were not carried; carry "
-            "them (--prepare --from, then --stash) or drop the run from the summary to start it over")
-        return {}
-    ckpt = resume_from
-    if saved:
-        ckpt = join_parts(lease.work / "resume", saved["file"], saved["sha256"], lease.work / "ckpt" / f"{name}.ckpt")
-    if ckpt is not None:
-        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-        sys.path.insert(0, str(REPO))
-        from fedrcl.federated.deadline import training_seconds
+    placed = {}
+    for name, run in (before or {}).get("runs", {}).items():
+        saved = run.get("checkpoint")
+        if not saved:
+            continue
+        if not all((lease.work / "resume" / part).exists() for part in saved["parts"]):
+            log(f"train: {name} NOT continued: parts of its checkpoint ({saved['file']}) were not carried; carry "
+                "them (--prepare --from, then --stash)")
+            placed[name] = {"missing": saved["file"], "entry": run}
+            continue
+        version = saved.get("version", (before or {}).get("lease_index", 0))
+        folder = lease.work / "runs" / name / f"version_{version}" / "checkpoints"
+        path = join_parts(lease.work / "resume", saved["file"], saved["sha256"], folder / "last.ckpt")
+        rounds = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["epoch"] + 1
+        placed[name] = {"rounds": rounds, "path": str(path)}
+        log(f"train: {name} continues from round {rounds} ({path})")
+    return placed
 
-        offset, start_round = training_seconds(checkpoint), checkpoint["epoch"] + 1
-        args += ["--ckpt_path", str(ckpt)]
-    budget = max(1e-6, lease.deadline - time.time() - lease.startup_s - margin)
-    args += ["--trainer.max_time", json.dumps({"microseconds": int((offset + budget) * 1e6)})]
+
+def start_process(method: str, mode: str, lease: Lease, placed: dict[str, dict]) -> dict:
+    """One process for ``method``: in a batched mode ``fedrcl seeds --seeds 0 1 2 --together ... --ckpt_path
+    last`` (each seed from its own checkpoint, if any, the others from round 1), sequentially seed 0 alone (the
+    long run; three seeds one after another would leave seeds 1 and 2 untrained at the deadline). Seeds whose
+    checkpoint was not carried are left out. It stops by SIGTERM (``wait_runs``) after a whole round."""
+    seeds = [k for k in (SEEDS if mode != "sequential" else SEEDS[:1])
+             if "missing" not in placed.get(seed_run(method, k, lease), {})]
+    if not seeds:
+        return {}
+    resumed = any("rounds" in placed.get(seed_run(method, k, lease), {}) for k in seeds)
+    own = lease.work / "runs" / run_name(method, lease)
+    resumed = resumed or any(own.glob(f"seed{k}/version_*/checkpoints/*.ckpt") for k in seeds)
+    args = ["seeds", "--seeds", *map(str, seeds), *(["--together"] if mode != "sequential" else []),
+            *fit_args(method, mode, lease), *(["--ckpt_path", "last"] if resumed else [])]
+    name = run_name(method, lease)
     cache_in, cache_out = lease.work / "resume" / "compile_cache", lease.work / "compile_cache" / f"{name}.bin"
     cmd = [sys.executable, str(REPO / "bench" / "gpu_lease_fit.py"), "--cache-in", str(cache_in),
            "--cache-out", str(cache_out), *args]
-    log(f"train: {name} ({mode}) from round {start_round}, {budget:.0f} s of training this lease")
+    stop = max(0.0, lease.deadline - lease.margin_s - time.time())
+    log(f"train: {name} seeds {seeds} ({mode}); SIGTERM in {stop:.0f} s (once training)")
     out = open(lease.work / "logs" / f"{name}.log", "a")
     process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
-    return {"method": method, "mode": mode, "process": process, "log": out, "start_round": start_round,
-            "command": args, "started": time.time()}
+    return {"method": method, "mode": mode, "seeds": seeds, "process": process, "log": out,
+            "command": ["fedrcl", *args], "started": time.time()}
+
+
+ROUND_LINE = re.compile(rb"Round \d+/\d+")
+
+
+def training(run: dict) -> bool:
+    """Whether a run has printed a round line: its stop-signal handler is installed (a SIGTERM before it would
+    kill the process without a checkpoint)."""
+    if not run.get("training"):
+        try:
+            with open(run["log"].name, "rb") as f:
+                f.seek(run.get("read", 0))
+                text = f.read()
+            run["read"] = run.get("read", 0) + max(0, len(text) - 64)
+            run["training"] = bool(ROUND_LINE.search(text))
+        except OSError:
+            return False
+    return bool(run.get("training"))
 
 
 def wait_runs(runs: dict[str, dict], lease: Lease, restart=None) -> None:
-    """Wait for the runs; one still going at the deadline gets SIGTERM (it checkpoints the round in progress and
-    exits), and SIGKILL halfway through the collection time. A run that fails before (an exit status not of
-    these signals) is handed to ``restart(name, run)``, which may return its replacement (another mode)."""
-    hard = lease.deadline + lease.collect_s / 2
-    termed = False
+    """Wait for the runs. From ``lease.deadline - lease.margin_s`` on, a run that is training gets SIGTERM (it
+    finishes its round, checkpoints every seed and exits); at the deadline every run still going gets it, and
+    SIGKILL halfway through the collection time. A run that fails before (an exit status not of these signals)
+    is handed to ``restart(name, run)``, which may return its replacement (another mode)."""
+    stop, hard = lease.deadline - lease.margin_s, lease.deadline + lease.collect_s / 2
     stopped = (None, 0, -signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
     while True:
         now = time.time()
         for name, r in list(runs.items()):
             code = r["process"].poll()
-            if code not in stopped and restart is not None and not termed and not r.get("handled"):
+            if code not in stopped and restart is not None and not r.get("termed") and not r.get("handled"):
                 r["handled"] = True
                 r["log"].close()
                 again = restart(name, r)
@@ -308,49 +363,52 @@ def wait_runs(runs: dict[str, dict], lease: Lease, restart=None) -> None:
                     runs[name] = {**again, "failed": [*r.get("failed", []), {"mode": r["mode"], "exit": code}]}
         if all(r["process"].poll() is not None for r in runs.values()):
             break
-        if now >= lease.deadline and not termed:
-            termed = True
-            for name, r in runs.items():
-                if r["process"].poll() is None:
-                    log(f"train: {name} still running at the deadline: SIGTERM")
-                    r["process"].send_signal(signal.SIGTERM)
-        if now >= hard:
-            for name, r in runs.items():
-                if r["process"].poll() is None:
-                    log(f"train: {name} still running: SIGKILL")
-                    r["process"].kill()
-        time.sleep(0.2)
+        for name, r in runs.items():
+            if r["process"].poll() is None and not r.get("termed") and \
+                    (now >= lease.deadline or (now >= stop and training(r))):
+                r["termed"] = True
+                log(f"train: {name}: SIGTERM ({'deadline' if now >= lease.deadline else 'stop time'})")
+                r["process"].send_signal(signal.SIGTERM)
+            if now >= hard and r["process"].poll() is None:
+                log(f"train: {name} still running: SIGKILL")
+                r["process"].kill()
+        time.sleep(0.05 if now >= stop else 0.2)
     for r in runs.values():
         r["log"].close()
 
 
-def run_result(name: str, r: dict, lease: Lease) -> dict:
-    """Rounds reached, seconds per round and the newest checkpoint of one run."""
+def seed_result(method: str, seed: int, lease: Lease, process: dict, placed: dict[str, dict]) -> dict:
+    """Rounds reached, seconds per round and the newest checkpoint of one seed's run (the carried one if it
+    did not train in this lease, so that it travels on)."""
     import torch
 
     sys.path.insert(0, str(REPO))
     from fedrcl.analysis.runs import load_scalars
 
-    result = {"method": r["method"], "mode": r["mode"], "failed": r.get("failed", []),
-              "exit": r["process"].returncode, "rounds_at_start": r["start_round"],
-              "command": ["fedrcl", *r["command"]], "wall_seconds": round(time.time() - r["started"], 1)}
-    versions = sorted((lease.work / "runs" / name).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-    if versions:
-        curves = load_scalars(versions[-1])
+    name = seed_run(method, seed, lease)
+    carried = placed.get(name, {})
+    result = {"method": method, "seed": seed, "rounds_at_start": carried.get("rounds", 0),
+              "trained": seed in process.get("seeds", [])}
+    this = lease.work / "runs" / name / f"version_{lease.index}"
+    if result["trained"] and any(this.glob("events.out.tfevents.*")):
+        curves = load_scalars(this)
         seconds = curves.get("time/round_seconds", (None, np.array([])))[1]
         result["seconds_per_round_median"] = round(float(np.median(seconds)), 4) if len(seconds) else None
         rounds, acc = curves.get("val/acc", (np.array([]), None))
         if len(rounds):
             result["last_val_acc"] = float(acc[-1])
             result["last_val_acc_ema"] = float(curves.get("val/acc_ema", (None, [None]))[1][-1])
-        last = versions[-1] / "checkpoints" / "last.ckpt"
-        if last.exists():
-            checkpoint = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
-            result["rounds_reached"] = checkpoint["epoch"] + 1
-            result["last_checkpoint"] = str(last)
-            run_here = result["rounds_reached"] - r["start_round"]
-            if run_here > 0:  # start-up, compilation and evaluation included: an upper bound
-                result["wall_seconds_per_round"] = round(result["wall_seconds"] / run_here, 3)
+    newest = None
+    for path in (lease.work / "runs" / name).glob("version_*/checkpoints/last.ckpt"):
+        rounds = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["epoch"] + 1
+        if newest is None or rounds > newest[0]:
+            newest = (rounds, path)
+    if newest is not None:
+        result["rounds_reached"], result["last_checkpoint"] = newest[0], str(newest[1])
+        result["version"] = int(newest[1].parents[1].name.split("_")[1])
+        run_here = newest[0] - result["rounds_at_start"]
+        if run_here > 0 and "started" in process:  # start-up, compilation and evaluation included
+            result["wall_seconds_per_round"] = round(process["wall_seconds"] / run_here, 3)
     return result
 
 
@@ -360,9 +418,10 @@ def outbox(lease: Lease) -> Path:
 
 
 def fill_outbox(lease: Lease, summary: dict, results: dict) -> None:
-    """Everything to bring back, in order: the summary, logs and event files (one archive), each run's
-    checkpoint in parts (FedRCL first, the run that matters most), then the compile cache (optional: the first
-    lease's was 90 MB, against 13-16 s of compiling that it saves each run)."""
+    """Everything to bring back, in order: the summary, logs and event files (one archive), the probe's profile
+    (a small text file), each seed's checkpoint in parts (FedRCL's first, seed 0 first: the runs that matter
+    most), then the compile cache (optional: the first lease's was 90 MB, against 13-16 s of compiling that it
+    saves each run)."""
     box = outbox(lease)
     shutil.rmtree(box, ignore_errors=True)
     box.mkdir(parents=True)
@@ -373,15 +432,19 @@ def fill_outbox(lease: Lease, summary: dict, results: dict) -> None:
             if path.is_file() and path.suffix != ".ckpt":  # event files, config.yaml, split.json, hparams
                 tar.add(path, arcname=f"runs/{path.relative_to(lease.work / 'runs')}")
     order = ["logs.tar.gz"]
-    for name in sorted(results, key=lambda n: (not n.endswith("fedrcl"), n)):
+    if (lease.work / PROFILE).exists():
+        shutil.copyfile(lease.work / PROFILE, box / PROFILE)
+        order.append(PROFILE)
+    for name in sorted(results, key=lambda n: (results[n]["method"] != "FedRCL", n)):
         last = results[name].get("last_checkpoint")
         if not last:
             continue
-        file = f"{name}.ckpt"
+        file = f"{name.replace('/', '_')}.ckpt"
         shutil.copyfile(last, box / file)
         results[name]["checkpoint"] = {"file": file, "sha256": sha256(box / file),
                                        "bytes": (box / file).stat().st_size,
-                                       "rounds": results[name]["rounds_reached"]}
+                                       "rounds": results[name]["rounds_reached"],
+                                       "version": results[name]["version"]}
         parts = split_file(box / file, box, lease.part_bytes)
         (box / file).unlink()
         results[name]["checkpoint"]["parts"] = parts
@@ -433,7 +496,8 @@ def collect(lease: Lease) -> list[str]:
         log(f"collect: only the compile cache waits ({', '.join(left)}): optional (the next lease carries it "
             "only into room left, and compiles anew without it); give the machine back, or --collect it")
     elif left:
-        log(f"collect: {len(left)} file(s) still on this machine ({', '.join(left)}): next call, at once: "
+        named = ", ".join(left[:4]) + (f", ... {left[-1]}" if len(left) > 4 else "")
+        log(f"collect: {len(left)} file(s) still on this machine ({named}): next call, at once: "
             "bash bench/gpu_lease.sh --collect")
     else:
         log("collect: everything is back")
@@ -473,46 +537,91 @@ def lease_steps(lease: Lease) -> int:
     before = previous_summary(lease)
     lease.index = (before or {}).get("lease_index", -1) + 1
     unpack_compile_cache(lease, before)
+    placed = place_checkpoints(lease, before)
     probe_start = time.time()
-    decision = probe(lease, facts)
+    decision = probe(lease, facts, before)
     probe_seconds = time.time() - probe_start
-    methods = METHODS if decision.get("room_for_third") else METHODS[:2]
-    # The round that crosses max_time still runs to its end: leave about one round of the runs side by side.
-    probed = decision.get("modes", {}).get(decision["mode"], {}).get("seconds_per_round")
-    margin = env_float("LEASE_ROUND_MARGIN_S", 1.5 * len(methods) * probed if probed else 20.0)
-    runs = {run_name(m, lease): start_run(m, decision["mode"], lease, before, margin) for m in methods}
+    mode = decision["mode"]
+    # SIGTERM ends a run after the round in progress: leave about one round of the runs side by side.
+    probed = decision.get("seeds_together", {}).get("FedRCL", {}).get(str(len(SEEDS)), {}).get("seconds_per_round")
+    lease.margin_s = env_float("LEASE_ROUND_MARGIN_S", 1.5 * len(METHODS) * probed if probed else 30.0)
+    runs = {run_name(m, lease): start_process(m, mode, lease, placed) for m in METHODS}
     runs = {name: run for name, run in runs.items() if run}
 
     def fall_back(name: str, run: dict) -> dict | None:
-        """A run that failed in a batched mode (its graph may differ from the probed FedRCL's) goes on
-        sequentially, from its own checkpoint of this lease if it wrote one."""
+        """A run that failed in a batched mode goes on sequentially (seed 0), from its newest checkpoint."""
         if run["mode"] == "sequential" or lease.deadline - time.time() < lease.startup_s + 60:
             return None
-        own = lease.work / "runs" / name / f"version_{lease.index}" / "checkpoints" / "last.ckpt"
         log(f"train: {name} failed in {run['mode']} (exit {run['process'].returncode}; its log says why): "
-            "going on sequentially")
-        return start_run(run["method"], "sequential", lease, before, margin, own if own.exists() else None)
+            "going on sequentially with seed 0")
+        return start_process(run["method"], "sequential", lease, placed)
 
     train_start = time.time()
     wait_runs(runs, lease, fall_back)
-    results = {name: run_result(name, r, lease) for name, r in runs.items()}
+    for run in runs.values():
+        run["wall_seconds"] = round(time.time() - run["started"], 1)
+    results = {seed_run(m, k, lease): seed_result(m, k, lease, runs.get(run_name(m, lease), {}), placed)
+               for m in METHODS for k in SEEDS}
+    for name, carried in placed.items():  # not continued here: its last entry travels on (its parts: last lease)
+        if "missing" in carried:
+            results[name] = {**carried["entry"], "trained": False, "not_continued": "parts not carried"}
+    processes = {name: {"method": r["method"], "mode": r["mode"], "seeds": r["seeds"], "command": r["command"],
+                        "exit": r["process"].returncode, "failed": r.get("failed", []),
+                        "wall_seconds": r["wall_seconds"]} for name, r in runs.items()}
     summary = {"format": FORMAT, "lease_started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(lease.started)),
-               "lease_index": lease.index, "rehearsal": lease.rehearsal, **facts, "mode": decision["mode"],
-               "room_for_third": bool(decision.get("room_for_third")), "probe": decision,
+               "lease_index": lease.index, "rehearsal": lease.rehearsal, **facts, "mode": mode,
+               "seeds": list(SEEDS), "probe": decision,
                "seconds": {"setup_and_data": round(probe_start - lease.started, 1),
                            "probe": round(probe_seconds, 1), "train": round(time.time() - train_start, 1)},
-               "runs": results}
-    summary["seconds_per_round"] = {r["method"]: r.get("seconds_per_round_median") for r in results.values()}
-    summary["rounds_reached"] = {r["method"]: r.get("rounds_reached") for r in results.values()}
+               "processes": processes, "runs": results}
+    for key in ("rounds_reached", "seconds_per_round_median"):
+        summary[key.removesuffix("_median")] = {m: {str(k): results[seed_run(m, k, lease)].get(key) for k in SEEDS}
+                                               for m in METHODS}
     fill_outbox(lease, summary, results)
     for name, r in results.items():
-        log(f"result: {name}: rounds {r['rounds_at_start']} -> {r.get('rounds_reached')}, "
-            f"{r.get('seconds_per_round_median')} s/round, exit {r['exit']}")
+        log(f"result: {name}: rounds {r.get('rounds_at_start')} -> {r.get('rounds_reached')}, "
+            f"{r.get('seconds_per_round_median')} s/round")
     collect(lease)
     return 0 if all(r.get("rounds_reached") for r in results.values()) else 1
 
 
 # -- preparing the carried folders (here, not on the device) ------------------------------------------------------
+def check_resume(lease: Lease, summary: dict, mosaics: Path, scratch: Path) -> list[str]:
+    """Whether each carried checkpoint resumes its seed as the lease will resume it, before any device time is
+    spent: with the checkpoints already in ``scratch/runs/<name>/seed<k>/version_<v>``, each method's seeds are
+    built together (``Cohort``, ``--ckpt_path last``) on this CPU with this checkout's code and the lease's
+    arguments, and not trained. Returns each seed that does not start at its checkpoint's round."""
+    import warnings
+
+    sys.path.insert(0, str(REPO))
+    from fedrcl.federated.together import Cohort
+
+    warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter.*")  # args given on purpose
+
+    class NoStop:
+        signum = None
+
+    here = Lease(rehearsal=lease.rehearsal, work=scratch, index=summary.get("lease_index", -1) + 1)
+    decode_mosaics(mosaics, here.work / "data" / "cifar10.npz")
+    problems = []
+    for method in METHODS:
+        args = fit_args(method, "batched", here)
+        if "gpu" in args:
+            args[args.index("gpu")] = "cpu"
+        name = run_name(method, here)
+        cohort = Cohort({k: [*args, "--seed_everything", str(k), "--trainer.seed", str(k),
+                             "--trainer.logger.init_args.name", f"{name}/seed{k}", "--ckpt_path", "last"]
+                         for k in SEEDS}, NoStop())
+        for run in cohort.seeds:
+            saved = summary["runs"].get(f"{name}/seed{run.seed}", {}).get("checkpoint")
+            expected = saved["rounds"] if saved else 0
+            print(f"check: {name}/seed{run.seed} resumes after round {run.next_round} (carried: {expected})")
+            if run.next_round != expected:
+                problems.append(f"{name}/seed{run.seed} would start after round {run.next_round}, its carried "
+                                f"checkpoint holds {expected}")
+    return problems
+
+
 def travelling_tree_bytes() -> int:
     """Bytes of what every device call sends besides ``carry``: tracked and untracked-not-ignored files."""
     if os.environ.get("LEASE_TREE_BYTES"):  # the rehearsal's stand-in
@@ -526,11 +635,15 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], limit: int) -> int:
+def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], limit: int,
+            check: Path | None = None) -> int:
     """Fill ``.lease`` (wheels, mosaics, the last summary and as much of the checkpoints as fits) and
     ``.lease2``, ... (the rest, re-cut to fill each), each call's payload (tree + its folder) under ``limit``
     bytes; print the calls to make. The compile cache goes only into room left in the last folder: a stash call
-    of its own costs more device time than the compiling it saves."""
+    of its own costs more device time than the compiling it saves. A first lease's runs (one seed each) are
+    seed 0's. ``check``: an empty scratch folder in which every carried checkpoint must resume its seed
+    (``check_resume``), else exit 1."""
+    data_dir = data
     base = Path(lease.carry) if Path(lease.carry).is_absolute() else REPO / lease.carry
     for old in lease.carried():
         shutil.rmtree(old)
@@ -547,7 +660,9 @@ def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], 
         if "summary.json" not in found:
             raise FileNotFoundError(f"no summary.json in {', '.join(map(str, sources))}")
         summary = json.loads(found["summary.json"].read_text())
-        carried = []  # (its entry in the summary, its returned parts), the checkpoints first
+        if summary.get("format") != FORMAT:  # the first lease's runs, one seed each, are seed 0's
+            summary["runs"] = {(k if "/seed" in k else f"{k}/seed0"): v for k, v in summary.get("runs", {}).items()}
+        carried = []  # (its run, its entry in the summary, its returned parts), the checkpoints first
         for name, run in summary.get("runs", {}).items():
             saved = run.get("checkpoint")
             if not saved:
@@ -557,23 +672,28 @@ def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], 
                 print(f"warning: {name}: parts {', '.join(missing)} were not brought back, so the next lease "
                       "cannot continue this run (it will say so and train the others)", file=sys.stderr)
                 continue
-            carried.append((saved, [found[p] for p in saved["parts"]]))
+            saved.setdefault("version", summary.get("lease_index", 0))
+            carried.append((name, saved, [found[p] for p in saved["parts"]]))
         cache = summary.pop("compile_cache", None)
         if cache and all(p in found for p in cache["parts"]):
-            checkpoint_bytes = sum(p.stat().st_size for _, parts in carried for p in parts)
+            checkpoint_bytes = sum(p.stat().st_size for _, _, parts in carried for p in parts)
             cache_bytes = sum(found[p].stat().st_size for p in cache["parts"])
             spill = checkpoint_bytes - max(room, 0)  # what goes into stash folders of ``limit - tree`` each
             last_room = -spill if spill <= 0 else -spill % (limit - tree)
             if cache_bytes <= last_room:
                 summary["compile_cache"] = cache
-                carried.append((cache, [found[p] for p in cache["parts"]]))
+                carried.append((None, cache, [found[p] for p in cache["parts"]]))
             else:
                 print(f"compile cache left behind: its {cache_bytes / MiB:.1f} MiB would add a stash call "
                       "(the runs compile anew)")
-        for entry, parts in carried:  # re-cut into pieces that fill each call's payload
+        for name, entry, parts in carried:  # re-cut into pieces that fill each call's payload
             data = b"".join(p.read_bytes() for p in parts)
             if hashlib.sha256(data).hexdigest() != entry["sha256"]:
                 raise ValueError(f"{entry['file']}: the returned parts do not join to its sha256")
+            if check is not None and name is not None:  # where the lease will put it
+                path = check / "runs" / name / f"version_{entry['version']}" / "checkpoints" / "last.ckpt"
+                path.parent.mkdir(parents=True)
+                path.write_bytes(data)
             entry["parts"], offset = [], 0
             while offset < len(data):
                 if room <= 0:
@@ -585,6 +705,12 @@ def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], 
                 (folders[-1] / "resume" / entry["parts"][-1]).write_bytes(piece)
                 offset, room = offset + len(piece), room - len(piece)
         write_json(main / "resume" / "summary.json", summary)  # with the parts as carried
+        if check is not None:
+            problems = check_resume(lease, summary, data_dir, check)
+            for problem in problems:
+                print(f"error: {problem}", file=sys.stderr)
+            if problems:
+                return 1
     print(f"travelling tree (tracked + untracked, not ignored): {tree / MiB:.1f} MiB")
     for folder in folders:
         total = tree + folder_bytes(folder)
@@ -609,12 +735,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--from", dest="sources", type=Path, nargs="*", default=[],
                    help="folders holding the last lease's returned files (summary.json, parts)")
     p.add_argument("--limit-mib", type=float, default=60)
+    p.add_argument("--check", type=Path, help="an empty scratch folder: check there that every carried "
+                   "checkpoint resumes its seed (built on the CPU, not trained)")
     for name in ("stash", "lease", "collect"):
         sub.add_parser(name)
     args = parser.parse_args(argv)
     lease = Lease()
     if args.command == "prepare":
-        return prepare(lease, args.wheels, args.data, args.sources, int(args.limit_mib * MiB))
+        return prepare(lease, args.wheels, args.data, args.sources, int(args.limit_mib * MiB), args.check)
     if args.command == "stash":
         stash(lease)
         return 0

@@ -9,6 +9,7 @@ round 3) -> collect; the continued FedRCL run must equal, bitwise, one that neve
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -30,7 +31,8 @@ from fedrcl.federated.deadline import training_seconds
 
 FEDAVG = "fedrcl.algorithms.FedAvg"
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-LIMITS = {"LEASE_PART_BYTES": 20000, "LEASE_OUT_FILES": 4, "LEASE_OUT_BYTES": 100000}
+# Small limits scaled like the real ones: a checkpoint (width 4: 210 kB) in three parts, four parts a call.
+LIMITS = {"LEASE_PART_BYTES": 75000, "LEASE_OUT_FILES": 4, "LEASE_OUT_BYTES": 310000}
 RETURNABLE = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -99,76 +101,120 @@ def collect_all(work: Path, first: Path, into: Path) -> Path:
         if calls and not files:
             return into
         calls += 1
-        assert calls < 12, "collect never ends"
+        assert calls < 10, "collect never ends"
         outs.append(work.parent / f"{work.name}_collect{calls}")
         lease_sh("--collect", LEASE_WORK=work, OUT=outs[-1])
 
 
-def test_gpu_lease_rehearsal(tmp_path):
+def first_lease(folder: Path, checkpoint: Path, name: str) -> Path:
+    """What the first lease (format 1: one seed per method, ``<name>/version_0``) returned for one run: its
+    summary and the checkpoint in parts."""
+    folder.mkdir()
+    data = checkpoint.read_bytes()
+    parts = []
+    for i in range(0, len(data), LIMITS["LEASE_PART_BYTES"]):
+        parts.append(f"{name}.ckpt.part{len(parts):02d}")
+        (folder / parts[-1]).write_bytes(data[i:i + LIMITS["LEASE_PART_BYTES"]])
+    saved = {"file": f"{name}.ckpt", "parts": parts, "sha256": hashlib.sha256(data).hexdigest(),
+             "bytes": len(data), "rounds": 1}
+    summary = {"format": "fedrcl-gpu-lease/1", "lease_index": 0, "gpu": "cpu (rehearsal)", "mode": "sequential",
+               "torch": torch.__version__, "runs": {name: {"method": "FedRCL", "checkpoint": saved}}}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_gpu_lease_rehearsal(tmp_path, monkeypatch):
+    """Seeds 0, 1, 2 of FedAvg and FedRCL together, FedRCL's seed 0 continued from a first-lease checkpoint."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from gpu_lease_run import Lease, decode_mosaics, fit_args
+
     jpeg, carry = tmp_path / "cifar10_jpeg", tmp_path / "carry" / ".lease"
     means = make_mosaics(jpeg)
-    prepared = lease_sh("--prepare", LEASE_DATA=jpeg, LEASE_CARRY=carry)
-    assert "call payload with .lease" in prepared.stdout and (carry / "cifar10_jpeg" / "train.jpg").exists()
+    # The reference: FedRCL's three seeds together, never stopped; its seed 0 after round 1 stands for the
+    # first lease's FedRCL run (one seed, in toy_fedrcl/version_0).
+    reference = Lease(rehearsal=True, work=tmp_path / "reference")
+    decode_mosaics(jpeg, reference.work / "data" / "cifar10.npz")
+    never_stopped = subprocess.Popen(
+        [sys.executable, "-m", "fedrcl.cli", "seeds", "--seeds", "0", "1", "2", "--together",
+         *fit_args("FedRCL", "batched", reference), "--trainer.checkpoint_every", "1"],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    ref_runs = reference.work / "runs" / "toy_fedrcl"
+    round1 = ref_runs / "seed0" / "version_0" / "checkpoints" / "round0000.ckpt"  # written atomically
+    deadline = time.time() + 300
+    while not round1.exists():
+        assert never_stopped.poll() is None and time.time() < deadline, never_stopped.stderr.read()[-3000:]
+        time.sleep(0.2)
+    lease0 = first_lease(tmp_path / "lease0", round1, "toy_fedrcl")
 
-    # Lease 1: both batched modes broken, the deadline (no time left after the margin) stops after round 1.
+    # Lease 1 on machine A: the checkpoint spills into a second carried folder (stashed first); the compiled
+    # mode fails (forced), the batched one trains the seeds together; stopped on a whole round (SIGTERM once
+    # training: no time left after the margin).
+    size = sum(p.stat().st_size for p in jpeg.iterdir())
+    (tmp_path / "scratch").mkdir()
+    prepared = lease_sh("--prepare", "--from", str(lease0), "--limit-mib", str((size + 1_060_000) / 2**20),
+                        "--check", str(tmp_path / "scratch"), LEASE_DATA=jpeg, LEASE_CARRY=carry, LEASE_TREE_BYTES=0)
+    assert "call payload with .lease2" in prepared.stdout and (carry / "cifar10_jpeg" / "train.jpg").exists()
+    assert "check: toy_fedrcl/seed0 resumes after round 1 (carried: 1)" in prepared.stdout  # here, before a lease
+    assert "check: toy_fedrcl/seed1 resumes after round 0 (carried: 0)" in prepared.stdout
     work_a, out_a = tmp_path / "machine_a", tmp_path / "out_a"
-    first = lease_sh(LEASE_WORK=work_a, OUT=out_a, LEASE_CARRY=carry, LEASE_ROUND_MARGIN_S=100000)
+    lease_sh("--stash", LEASE_WORK=work_a, OUT=tmp_path / "out_stash", LEASE_CARRY=carry.with_name(".lease2"))
+    carry.with_name(".lease2").rename(tmp_path / "carried_before")  # the main call carries .lease only
+    first = lease_sh(LEASE_WORK=work_a, OUT=out_a, LEASE_CARRY=carry, LEASE_ROUND_MARGIN_S=100000,
+                     GPU_LEASE_BREAK="batched+compiled=error")
     summary = json.loads((out_a / "summary.json").read_text())
     modes = summary["probe"]["modes"]
-    assert summary["mode"] == "sequential" and "seconds_per_round" in modes["sequential"]
+    assert summary["mode"] == "batched" and "dropped" not in modes["batched"], first.stdout
     assert modes["batched+compiled"]["dropped"].startswith("error: RuntimeError: forced")
-    assert modes["batched"]["dropped"].startswith("differs from sequential"), modes["batched"]
-    assert summary["rounds_reached"] == {"FedAvg": 1, "FedRCL": 1}, first.stdout
-    assert set(summary["seconds_per_round"]) == {"FedAvg", "FedRCL"}
+    assert max(modes["batched"]["relative_difference"].values()) <= summary["probe"]["tolerance"]
+    table = summary["probe"]["seeds_together"]  # the probe's one seed against three together
+    for method in ("FedRCL", "FedAvg"):
+        assert table[method]["1"]["seconds_per_round"] > 0 and table[method]["3"]["seconds_per_round"] > 0
+        assert table[method]["ratio"] == pytest.approx(
+            table[method]["3"]["seconds_per_round"] / table[method]["1"]["seconds_per_round"], rel=0.01)
+    assert (out_a / "probe_profile.txt").read_text().startswith("== FedRCL, 3 seed(s) together, batched")
+    runs = summary["runs"]
+    assert runs["toy_fedrcl/seed0"]["rounds_at_start"] == 1 and runs["toy_fedrcl/seed0"]["rounds_reached"] >= 2
+    for name in ("toy_fedrcl/seed1", "toy_fedrcl/seed2", "toy_fedavg/seed0", "toy_fedavg/seed1", "toy_fedavg/seed2"):
+        assert runs[name]["rounds_at_start"] == 0 and 1 <= runs[name]["rounds_reached"] < 3, (name, first.stdout)
+    assert {p["exit"] for p in summary["processes"].values()} == {143}, first.stdout  # SIGTERM, checkpointed
     with np.load(work_a / "data" / "cifar10.npz") as data:  # the mosaics decoded tile by tile, in order
         for split in ("train", "test"):
             x = data[f"x_{split}"]
             assert x.shape == (len(means[split]), 32, 32, 3) and data[f"y_{split}"].dtype == np.int64
             assert np.abs(x.mean(axis=(1, 2)) - means[split]).max() < 2
-    command = summary["runs"]["toy_fedrcl"]["command"][1:]
-    cut = command.index("--trainer.max_time")
-    reference = command[:cut] + command[cut + 2:]
-    reference[reference.index("--trainer.logger.init_args.save_dir") + 1] = str(tmp_path / "reference")
-    never_stopped = subprocess.Popen([sys.executable, "-m", "fedrcl.cli", *reference], cwd=REPO,
-                                     env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
     back_a = collect_all(work_a, out_a, tmp_path / "back_a")
     assert set(summary["files"]) | {"summary.json"} == {p.name for p in back_a.iterdir()}
 
-    # Continue on a new machine: parts that do not fit beside the data go in a second carried folder (stash).
-    size = sum(p.stat().st_size for p in jpeg.iterdir())
-    lease_sh("--prepare", "--from", str(back_a), "--limit-mib", str((size + 60000) / 2**20), LEASE_DATA=jpeg,
-             LEASE_CARRY=carry, LEASE_TREE_BYTES=0)
-    second = carry.with_name(".lease2")
-    assert any((second / "resume").iterdir())
+    # Lease 2 on machine B continues the six runs to round 3, reusing the decision.
+    lease_sh("--prepare", "--from", str(back_a), LEASE_DATA=jpeg, LEASE_CARRY=carry, LEASE_TREE_BYTES=0)
     work_b, out_b = tmp_path / "machine_b", tmp_path / "out_b"
-    lease_sh("--stash", LEASE_WORK=work_b, OUT=tmp_path / "out_stash", LEASE_CARRY=second)
-    second.rename(tmp_path / "carried_before")  # the main call carries .lease only
     again = lease_sh(LEASE_WORK=work_b, OUT=out_b, LEASE_CARRY=carry)
-    assert "reusing the last lease's decision on this GPU: sequential" in again.stdout
+    assert "reusing the last lease's decision on this GPU: batched" in again.stdout
     summary_b = json.loads((out_b / "summary.json").read_text())
-    assert summary_b["rounds_reached"] == {"FedAvg": 3, "FedRCL": 3}
-    assert summary_b["runs"]["toy_fedrcl"]["rounds_at_start"] == 1
+    assert summary_b["rounds_reached"] == {m: {"0": 3, "1": 3, "2": 3} for m in ("FedAvg", "FedRCL")}
+    assert {p["exit"] for p in summary_b["processes"].values()} == {0}
     back_b = collect_all(work_b, out_b, tmp_path / "back_b")
 
-    # The continued FedRCL run equals the one that never stopped: weights bitwise, the same accuracy curve.
+    # Continued over two leases, FedRCL's seeds equal the run that never stopped: the same weights bitwise,
+    # the same accuracy at every round.
     assert never_stopped.wait(timeout=400) == 0, never_stopped.stderr.read()[-3000:]
-    saved = summary_b["runs"]["toy_fedrcl"]["checkpoint"]
-    joined = tmp_path / "continued.ckpt"
-    joined.write_bytes(b"".join((back_b / p).read_bytes() for p in saved["parts"]))
-    continued = torch.load(joined, weights_only=True)["state_dict"]
-    full = torch.load(tmp_path / "reference" / "toy_fedrcl" / "version_0" / "checkpoints" / "last.ckpt",
-                      weights_only=True)["state_dict"]
-    assert_same_state(full, continued)
-    logs = tmp_path / "logs"  # both leases' logs in one folder: version_0 and version_1, one curve
+    logs = tmp_path / "logs"  # both leases' logs in one folder: each seed's version_1 and version_2, one curve
     for back in (back_a, back_b):
         with tarfile.open(back / "logs.tar.gz") as tar:
             tar.extractall(logs, filter="data")
-    assert sorted(p.name for p in (logs / "runs" / "toy_fedrcl").iterdir()) == ["version_0", "version_1"]
-    curve = load_scalars(logs / "runs" / "toy_fedrcl")["val/acc"]
-    reference_curve = load_scalars(tmp_path / "reference" / "toy_fedrcl")["val/acc"]
-    assert curve[0].tolist() == reference_curve[0].tolist() == [1, 2, 3]
-    assert curve[1].tolist() == reference_curve[1].tolist()
+    for seed in (0, 1, 2):
+        saved = summary_b["runs"][f"toy_fedrcl/seed{seed}"]["checkpoint"]
+        continued = torch.load(io.BytesIO(b"".join((back_b / p).read_bytes() for p in saved["parts"])),
+                               weights_only=True)["state_dict"]
+        full = torch.load(ref_runs / f"seed{seed}" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+        assert_same_state(full["state_dict"], continued)
+        assert sorted(p.name for p in (logs / "runs" / "toy_fedavg" / f"seed{seed}").iterdir()) == \
+            ["version_1", "version_2"]
+        curve = load_scalars(logs / "runs" / "toy_fedrcl" / f"seed{seed}")["val/acc"]
+        reference_curve = load_scalars(ref_runs / f"seed{seed}")["val/acc"]
+        assert curve[0].tolist() == ([2, 3] if seed == 0 else [1, 2, 3])
+        assert curve[1].tolist() == reference_curve[1][-len(curve[1]):].tolist()
 
 
 def test_a_lease_that_breaks_still_returns_its_logs(tmp_path):
@@ -203,6 +249,25 @@ def test_runs_past_the_deadline_get_sigterm_then_sigkill(tmp_path, monkeypatch):
     wait_runs(runs, lease)
     assert runs["polite"]["process"].returncode == -15
     assert runs["stubborn"]["process"].returncode == -9
+
+
+def test_a_training_run_gets_sigterm_at_the_stop_time_a_starting_one_at_the_deadline(tmp_path, monkeypatch):
+    """From ``deadline - margin_s`` a run that has printed a round line gets SIGTERM (it finishes its round); one
+    that has not (its handler may not be installed yet: SIGTERM would kill it without a checkpoint) only at
+    the deadline."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from gpu_lease_run import Lease, wait_runs
+
+    lease = Lease(work=tmp_path, started=time.time(), limit_s=3.0, collect_s=1.0, margin_s=100.0)
+    runs = {}
+    for name, line in (("training", "echo 'seed 0: Round 1/3  val/acc 0.1000'"), ("starting", "true")):
+        log = open(tmp_path / f"{name}.log", "w")
+        command = f"trap 'date +%s.%N > {tmp_path / name}.termed; exit 143' TERM; {line}; while :; do sleep 0.05; done"
+        runs[name] = {"process": subprocess.Popen(["bash", "-c", command], stdout=log), "log": log}
+    wait_runs(runs, lease)
+    termed = {name: float((tmp_path / f"{name}.termed").read_text()) for name in runs}
+    assert termed["training"] < lease.deadline - 1 and lease.deadline <= termed["starting"] < lease.deadline + 0.5
+    assert {r["process"].returncode for r in runs.values()} == {143}
 
 
 def test_a_run_that_fails_goes_on_in_another_mode(tmp_path, monkeypatch):
@@ -257,7 +322,7 @@ def test_prepare_carries_the_checkpoints_first_and_the_compile_cache_only_into_r
         assert [f.name for f in folders] == [".lease", ".lease2"], done.stdout  # the checkpoint spilled once
         carried = {p.name: p.stat().st_size for f in folders for p in (f / "resume").iterdir()}
         summary = json.loads((carry / "resume" / "summary.json").read_text())
-        saved = summary["runs"]["toy_fedrcl"]["checkpoint"]["parts"]
+        saved = summary["runs"]["toy_fedrcl/seed0"]["checkpoint"]["parts"]  # a first lease's run: seed 0
         assert sum(carried[p] for p in saved) == 300_000
         assert ("compile_cache" in summary) is travels
         assert any(name.startswith("compile_cache.tar") for name in carried) is travels
