@@ -5,8 +5,10 @@
 
 Runs the same ``fedrcl fit`` (every argument that is not this command's own is passed on) for ``--rounds``
 rounds on each backend: ``sequential`` (clients one after another, the reference), ``batched``
-(``trainer.client_batching on``), ``processes`` (two CPU processes, ``trainer.strategy ddp``) and ``flower``
-(Flower's simulation, ``python -m fedrcl.flower``; only where Flower is installed), each as a process of its
+(``trainer.client_batching on``), ``together`` (the run's seed trained together with the next seed in one
+program, ``fedrcl seeds --together``; compared on the run's seed), ``processes`` (two CPU processes,
+``trainer.strategy ddp``) and ``flower`` (Flower's simulation, ``python -m fedrcl.flower``; only where Flower
+is installed), each as a process of its
 own with its run folder in a scratch folder (removed after), on the CPU (where every backend is
 deterministic) and in float64 (``--trainer.precision 64-true``), so that what batched clients or processes
 sum in another order stays far below the tolerance; both override the config's. Then prints one table row
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import os
 import re
@@ -36,13 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-BACKENDS = ("sequential", "batched", "processes", "flower")
+BACKENDS = ("sequential", "batched", "together", "processes", "flower")
 OURS = re.compile(r"fedrcl( \w+)?: error: ")  # fedrcl's own error line (``fedrcl fit: error: ...``)
 TOLERANCE = 1e-9  # float64: sums in another order (batched kernels, all-reduce) stay near 1e-16
 # What each backend adds to the fit arguments, and the module it runs.
 BACKEND_ARGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "sequential": ("fedrcl.cli", ("fit", "--trainer.client_batching", "off")),
     "batched": ("fedrcl.cli", ("fit", "--trainer.client_batching", "on")),
+    "together": ("fedrcl.cli", ("seeds", "--together")),  # and --seeds: the run's seed and the next
     "processes": ("fedrcl.cli", ("fit", "--trainer.client_batching", "off", "--trainer.devices", "2",
                                  "--trainer.strategy", "ddp")),
     "flower": ("fedrcl.flower", ("--trainer.client_batching", "off")),
@@ -83,11 +87,29 @@ class BackendRun:
     returncode: int
 
 
-def available(backend: str) -> Optional[str]:
+def available(backend: str, fit_args: Sequence[str]) -> Optional[str]:
     """Why ``backend`` cannot run here, or ``None``."""
     if backend == "flower" and not all(importlib.util.find_spec(m) for m in ("flwr", "ray")):
         return "Flower's simulation extra is not installed (pip install -e '.[flower]')"
+    if backend == "together" and run_seed(fit_args) is None:
+        return ("the config's seed_everything and trainer.seed differ, and fedrcl seeds sets both to the seed: "
+                "no seed of it is the sequential run")
     return None
+
+
+@functools.lru_cache(maxsize=4)
+def _run_seed(fit_args: tuple[str, ...]) -> Optional[int]:
+    from fedrcl.seeds import resolved_config
+
+    config = resolved_config(list(fit_args))
+    seed = config.get("seed_everything")
+    return seed if isinstance(seed, int) and (config.get("trainer") or {}).get("seed") == seed else None
+
+
+def run_seed(fit_args: Sequence[str]) -> Optional[int]:
+    """The run's seed (``seed_everything``, equal to ``trainer.seed``), which ``fedrcl seeds`` reproduces;
+    ``None`` when the two differ."""
+    return _run_seed(tuple(fit_args))
 
 
 def run_backend(backend: str, fit_args: Sequence[str], rounds: int, scratch: Path, timeout: float) -> BackendRun:
@@ -96,7 +118,11 @@ def run_backend(backend: str, fit_args: Sequence[str], rounds: int, scratch: Pat
     from fedrcl.federated.checkpoint import read_checkpoint  # torch: where a run is read, not at the start
 
     module, extra = BACKEND_ARGS[backend]
-    save_dir = scratch / backend
+    save_dir, folder = scratch / backend, ""
+    if backend == "together":  # the run's seed with the next one; compared on the run's seed's folder
+        seed = run_seed(fit_args)
+        assert seed is not None  # available(): the config's seeds agree
+        extra, folder = (*extra, "--seeds", str(seed), str(seed + 1)), f"seed{seed}"
     command = [sys.executable, "-m", module, *extra, *fit_args, "--trainer.rounds", str(rounds), *COMMON_ARGS,
                "--trainer.logger.init_args.save_dir", str(save_dir)]
     # The children import what this process can (the method's own file included), single-threaded by default.
@@ -118,7 +144,7 @@ def run_backend(backend: str, fit_args: Sequence[str], rounds: int, scratch: Pat
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     seconds = time.perf_counter() - started
-    checkpoints = sorted(save_dir.rglob("last.ckpt"))
+    checkpoints = sorted(p for p in save_dir.rglob("last.ckpt") if not folder or folder in p.parts)
     weights = read_checkpoint(checkpoints[-1])["state_dict"] if code == 0 and checkpoints else None
     return BackendRun(backend, seconds, weights, output, code)
 
@@ -146,6 +172,8 @@ def verdict(run: BackendRun, reference: Optional[BackendRun]) -> tuple[str, str]
     rule = "bitwise" if difference == 0 else f"<= {TOLERANCE:g}"
     fell_back = run.backend == "batched" and "clients trained one after another" in run.output
     note = " (its clients trained one after another: see its notice)" if fell_back else ""
+    if run.backend == "together" and "fedrcl seeds: --together:" in run.output:
+        note = " (the seeds trained one after another: see its notice)"
     if difference > TOLERANCE:
         return f"{difference:.2g}", f"differs (allowed: <= {TOLERANCE:g})"
     return f"{difference:.2g}", f"agrees ({rule}){note}"
@@ -178,7 +206,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     runs = []
     with tempfile.TemporaryDirectory(prefix="fedrcl-check-") as scratch:
         for backend in backends:
-            missing = available(backend)
+            missing = available(backend, fit_args)
             if missing is not None:
                 print(f"fedrcl check: {backend} skipped: {missing}", file=sys.stderr)
                 continue

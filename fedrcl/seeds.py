@@ -267,14 +267,18 @@ def _run_processes(runs: dict[int, list[str]], parallel: int, log_dir: Path, sto
 def _run_together(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
     """The seeds trained together in this process (``fedrcl.federated.together``); when they cannot be, said in
     one line, one after another (``_run_in_process``). An error stops every seed (a fedrcl error in one line)."""
-    from fedrcl.cli import report_user_error
+    from fedrcl.cli import report_user_error, split_ckpt_path
     from fedrcl.federated.together import NotTogether, StoppedTogether, train_together
 
     try:
         cohort = train_together(runs, stop)
     except NotTogether as reason:
-        print(f"fedrcl seeds: --together: {reason}; the seeds train one after another instead", flush=True)
-        return _run_in_process(runs, stop)
+        if reason.continued is None:
+            print(f"fedrcl seeds: --together: {reason}; the seeds train one after another instead", flush=True)
+            return _run_in_process(runs, stop)
+        print(f"fedrcl seeds: --together: {reason}; each seed goes on alone from its checkpoint", flush=True)
+        return _run_in_process({seed: [*split_ckpt_path(runs[seed])[0], "--ckpt_path", "last"]
+                                for seed in reason.continued}, stop)
     except StoppedTogether as stopped:
         left = [r.seed for r in stopped.cohort.seeds if r.next_round < r.trainer.max_epochs]
         return Outcome(stopped=left, signum=stopped.signum, where=stopped.cohort.stopped_where())

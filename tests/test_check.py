@@ -64,8 +64,9 @@ def test_the_tutorials_tables_are_what_check_prints(data_root, tmp_path, monkeyp
                                                                        "my_method.MyLeakyMethod"]
     monkeypatch.syspath_prepend(str(REPO / "docs" / "tutorial"))
     monkeypatch.chdir(REPO)
-    for (args, page), backends in zip(checks, (["sequential", "batched", "processes"], ["sequential", "batched"])):
-        assert list(page) == ["sequential", "batched", "processes", "flower"]
+    for (args, page), backends in zip(checks, (["sequential", "batched", "together", "processes"],
+                                               ["sequential", "batched"])):
+        assert list(page) == ["sequential", "batched", "together", "processes", "flower"]
         status, rows = check([*args, "--data.root", str(data_root), "--backends", *backends], capsys)
         assert status == (1 if "my_method.MyLeakyMethod" in args else 0)
         for backend in backends:  # the verdict; a difference to its two digits where it is the method's, not
@@ -73,6 +74,21 @@ def test_the_tutorials_tables_are_what_check_prints(data_root, tmp_path, monkeyp
             assert word.split()[:1] == page[backend][2].split()[:1], (backend, rows)
             if not word.startswith("agrees"):
                 assert difference == page[backend][1], (backend, rows[backend], page[backend])
+
+
+def test_together_trains_a_method_together_or_says_it_could_not(data_root, tmp_path, monkeypatch, capsys):
+    """The ``together`` backend compares the run's seed trained beside the next one with the sequential run:
+    FedLC trains together (its counts stacked per client) and agrees; MyMethod's clients read their own seed's
+    broadcast classifier, so its seeds train one after another, and the verdict says so."""
+    monkeypatch.syspath_prepend(str(REPO / "docs" / "tutorial"))
+    monkeypatch.chdir(tmp_path)
+    common = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(data_root),
+              "--data.num_clients", "10", "--trainer.clients_per_round", "3", "--trainer.local_epochs", "1",
+              "--data.local_iters_per_epoch", "3", "--rounds", "2", "--backends", "sequential", "together"]
+    status, rows = check([*common, "--model", "fedrcl.algorithms.FedLC"], capsys)
+    assert status == 0 and rows["together"][2] in ("agrees (bitwise)", "agrees (<= 1e-09)"), rows
+    status, rows = check([*common, "--model", "my_method.MyMethod"], capsys)
+    assert status == 0 and rows["together"][2].endswith("(the seeds trained one after another: see its notice)")
 
 
 def test_a_refused_method_is_named_with_its_reason(data_root, tmp_path, monkeypatch, capsys):

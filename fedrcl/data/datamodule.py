@@ -298,11 +298,15 @@ class ClientSamples:
         return self._datamodule.y_train[self._indices]
 
     def batches(self, batch_size: Optional[int] = None) -> Iterator[tuple[Tensor, Tensor]]:
+        """The client's samples in order, in the run's precision (``trainer.precision``: ``64-true`` gives
+        float64 images, as the training batches)."""
         dm, indices = self._datamodule, self._indices
         size = batch_size or dm.eval_batch_size
+        trainer = dm.trainer
         for start in range(0, len(indices), size):
             idx = indices[start:start + size]
-            yield dm.model_input(dm.x_train[idx]), dm.y_train[idx]
+            batch = (dm.model_input(dm.x_train[idx]), dm.y_train[idx])
+            yield trainer.precision_plugin.convert_input(batch) if trainer is not None else batch
 
 
 def datamodule_of(trainer: L.Trainer) -> FederatedDataModule:

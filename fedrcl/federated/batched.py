@@ -120,9 +120,7 @@ class ClientBatching:
         """Whether the round of ``plan`` trains batched (a fallback is announced once per reason)."""
         if self.mode == "off" or (self.mode == "auto" and device.type != "cuda"):
             return False
-        reason = getattr(pl_module, "unbatchable_reason", None)
-        if reason is None and any(True for _ in pl_module.backbone.buffers()):
-            reason = "the backbone has buffers (e.g. BatchNorm statistics)"
+        reason = unbatchable(pl_module)
         if reason is None and len(set(plan.steps)) > 1:
             reason = "this round's clients take different numbers of steps"
         if reason is None and datamodule.local_iters_per_epoch is None and len(set(plan.num_samples)) > 1:
@@ -175,6 +173,15 @@ class ClientBatching:
             rank_zero_info(f"trainer.compile_clients: the first batched step (compiling) took "
                            f"{self.compile_seconds:.1f} s")
         return out
+
+
+def unbatchable(pl_module: Any) -> Optional[str]:
+    """Why the method's clients can never train on a stacked axis (its ``unbatchable_reason``, or buffers in
+    its backbone: BatchNorm statistics are not per client), or ``None``."""
+    reason: Optional[str] = getattr(pl_module, "unbatchable_reason", None)
+    if reason is None and any(True for _ in pl_module.backbone.buffers()):
+        reason = "the backbone has buffers (e.g. BatchNorm statistics)"
+    return reason
 
 
 def stack_clients(tensor: Tensor, num_clients: int) -> Tensor:

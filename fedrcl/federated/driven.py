@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar, Timer
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar, Timer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
@@ -33,10 +33,11 @@ def not_run(trainer: L.Trainer, handled: tuple[type, ...] = ()) -> list[str]:
     """The config's callbacks that a driven run does not call (its rounds are not Lightning's), among them every
     ``RoundCallback``: their ``on_client_end`` needs each client's local model inside Lightning's round loop.
     The run names them before it starts. Not named: fedrcl's own defaults, whose work the driver does (the
-    round's line, the TensorBoard layout, the checkpoints; a signal is the driver's to handle), and the
-    ``handled`` types (a ``Timer`` where the driver keeps ``trainer.max_time``)."""
-    kept = (SaveConfigCallback, ModelCheckpoint, ProgressBar, Federation, Preemption, ScalarLayout, RoundLog,
-            RoundLines, *handled)
+    round's line, the TensorBoard layout, the checkpoints; a signal is the driver's to handle) or that only
+    print at fit's start (the model summary), and the ``handled`` types (a ``Timer`` where the driver keeps
+    ``trainer.max_time``)."""
+    kept = (SaveConfigCallback, ModelCheckpoint, ModelSummary, ProgressBar, Federation, Preemption, ScalarLayout,
+            RoundLog, RoundLines, *handled)
     return [type(c).__name__ for c in trainer.callbacks if not isinstance(c, kept)]  # type: ignore[attr-defined]
 
 

@@ -14,12 +14,16 @@ last round (or ``trainer.max_time``); SIGTERM and Ctrl-C finish the round and ch
 
 Each seed's weights equal its own ``fedrcl fit`` within float rounding (``tests/test_together.py``), because
 nothing crosses seeds: the mapped loss sees each slice's own weights, facts, ``client_tensors`` and its seed's
-broadcast weights (``client.global_state``). What a method's clients get from their seed beyond those (an
-attribute that the downlink or ``on_client_start`` sets, e.g. a global teacher's weights) must be the same in
-every seed, since one algorithm object's code serves all: the first round checks it before any step and
-before anything is written, and a method that differs, like one that cannot train batched (``batched``'s
-reasons), or a run asking for what the stacked step does not do (another optimizer than the method's SGD, more
-than one device), falls back to one seed after another (``fedrcl seeds`` without ``--together``) with a notice.
+broadcast weights (``client.global_state``). One algorithm object's code serves every seed, so what a seed's
+clients get from their seed beyond those (an attribute that the downlink or ``on_client_start`` sets: a global
+teacher, a proximal anchor, class prototypes) must be the same in every seed. Before each round's first step,
+each other seed's loss on its first batch is computed with its own algorithm object and with the first seed's;
+if they differ, the seeds part: in the first round before anything is written (the seeds then train one after
+another), later with every seed checkpointed after its last round, to go on alone (``--ckpt_path last``).
+What cannot be stacked at all falls back before the first round, with a notice: a method that cannot train
+batched (``batched.unbatchable``), clients with different step counts, a method that changes the step
+itself (``OWN_STEP``: the stacked step is ``local_loss``, per-client clipping and SGD, and calls no Lightning
+hook per step), several devices.
 """
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ from fedrcl.contract.plan import RoundPlan
 from fedrcl.contract.weights import load_state_, snapshot
 from fedrcl.federated import batched
 from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, LocalLoss, client_view, per_client_attributes, \
-    stack_clients, stored_attributes
+    stack_clients, stored_attributes, unbatchable
 from fedrcl.federated.checkpoint import resume_path, run_checkpoints
 from fedrcl.federated.client_step import ClientStep, StepInputs
 from fedrcl.data.datamodule import EvalBatches
@@ -53,10 +57,22 @@ from fedrcl.federated.round import ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
 
 MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+# What a method may not override to train on the stacked step: the step is ``local_loss``, per-client clipping
+# and SGD written out, and Lightning's per-step hooks (SCAFFOLD counts its lr in ``on_before_optimizer_step``)
+# are not called.
+OWN_STEP = ("configure_optimizers", "configure_gradient_clipping", "training_step", "on_train_batch_start",
+            "on_train_batch_end", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+            "on_before_zero_grad", "optimizer_step", "optimizer_zero_grad", "backward")
 
 
 class NotTogether(Exception):
-    """The seeds cannot train together (the reason); raised before any step and before anything is written."""
+    """The seeds cannot train together (the reason). ``continued``: ``None`` when nothing was written (raised
+    before the first round); else the seeds that have rounds left, each checkpointed after its last round
+    done, to go on alone with ``--ckpt_path last``."""
+
+    def __init__(self, reason: str, continued: Optional[list[int]] = None):
+        super().__init__(reason)
+        self.continued = continued
 
 
 @dataclasses.dataclass
@@ -95,17 +111,15 @@ def static_reason(run: SeedRun) -> Optional[str]:
     module, trainer, dm = run.module, run.trainer, run.cli.datamodule
     if trainer.federation.batching.mode == "off":
         return "trainer.client_batching is off"
-    reason = getattr(module, "unbatchable_reason", None)
-    if reason is None and any(True for _ in module.backbone.buffers()):
-        reason = "the backbone has buffers (e.g. BatchNorm statistics)"
+    reason = unbatchable(module)
     if reason is None and dm.local_iters_per_epoch is None:
         reason = "data.local_iters_per_epoch is null (clients of different sizes take different steps)"
     if reason is None and trainer.world_size > 1:
         reason = "it runs on several devices or processes"
-    overridden = [name for name in ("configure_optimizers", "configure_gradient_clipping", "training_step")
-                  if getattr(type(module), name) is not getattr(FedAvg, name)]
+    overridden = [name for name in OWN_STEP if getattr(type(module), name) is not getattr(FedAvg, name)]
     if reason is None and overridden:
-        reason = f"model {type(module).__name__} overrides {', '.join(overridden)} (the stacked step is SGD)"
+        reason = (f"model {type(module).__name__} overrides {', '.join(overridden)}: the stacked step is the "
+                  "method's local_loss and SGD, and calls no Lightning hook per step")
     return reason
 
 
@@ -186,16 +200,16 @@ class Cohort:
             if not active:
                 break
             started = time.perf_counter()
-            try:
-                rounds, stacked = self._begin(active)
-                batches = stacked.batches()
-                first = next(batches)
-                if not self._checked:  # the seeds' own losses equal the stacked step's, before anything is written
-                    stacked.check_seeds(*first, MIXED.get(str(active[0].trainer.precision)))
-            except BaseException:
-                if not self._checked:
+            rounds, stacked = self._begin(active) if self._checked else self._first(self._begin, active)
+            batches = stacked.batches()
+            first = next(batches)
+            try:  # the seeds' own losses equal the stacked step's, before the round's first step
+                stacked.check_seeds(*first, MIXED.get(str(active[0].trainer.precision)))
+            except NotTogether as reason:
+                if not self._checked:  # before anything was written
                     self.abandon()
-                raise
+                    raise
+                raise NotTogether(f"from round {rounds[0].round_idx + 1}: {reason}", self._part(active, rounds))
             if not self._checked:
                 self._checked = True
                 self._open(active)
@@ -204,6 +218,28 @@ class Cohort:
             if self.stop.signum is not None:
                 break
         self._close()
+
+    def _first(self, begin: Any, active: list[SeedRun]) -> tuple[list[ServerRound], "StackedSeeds"]:
+        """The first round's ``begin``; a failure there removes what the starts wrote."""
+        try:
+            out: tuple[list[ServerRound], StackedSeeds] = begin(active)
+            return out
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _part(self, active: list[SeedRun], rounds: list[ServerRound]) -> list[int]:
+        """Before the round of ``rounds`` trained: every seed's global model put back (its clients had the
+        broadcast weights), its last round done checkpointed, its logs closed; returns the seeds with rounds
+        left, to go on alone."""
+        for run, server_round in zip(active, rounds):
+            load_state_(run.module.backbone, server_round.global_state)
+        for run in self.seeds:
+            if run.next_round > 0:
+                self._checkpoint_now(run)
+            for logger in run.trainer.loggers:
+                logger.finalize("success")
+        return [run.seed for run in self.seeds if not run.done]
 
     def _open(self, active: list[SeedRun]) -> None:
         """Write the run folders, name the callbacks not run, start the clocks and time limits."""
@@ -241,7 +277,7 @@ class Cohort:
         plan_steps = stacked.runs[0][0].client.num_steps
         lr = torch.tensor([[run.module.client_lr(r.round_idx, epoch) for run, r in zip(active, rounds)
                             for _ in range(stacked.clients)] for epoch in range(first.trainer.federation.local_epochs)],
-                          device=stacked.device)
+                          dtype=torch.float64, device=stacked.device)  # cast to the weights' dtype as SGD casts lr
         params, momenta = stacked.params, stacked.momenta
         loss_sums: Optional[Tensor] = None
         part_sums: dict[str, Tensor] = {}
