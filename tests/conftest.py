@@ -46,8 +46,8 @@ def work_unit(nodeid: str) -> str:
 # tests first, left mypy's single test and the notebooks last). Other files follow in xdist's order; a stale
 # figure costs time, never a test.
 UNIT_SECONDS = {"flower": 310, "tests/test_reliability.py": 84, "tests/test_scaffold_feddyn.py": 57,
-                "tests/test_batched.py": 55, "tests/test_gpu_lease.py": 51, "tests/test_bad_input.py": 48,
-                "tests/test_multiprocess.py": 47, "tests/test_check.py": 37,
+                "tests/test_batched.py": 55, "tests/test_gpu_lease.py": 60, "tests/test_bad_input.py": 48,
+                "tests/test_multiprocess.py": 47, "tests/test_check.py": 60, "tests/test_together.py": 30,
                 "tests/test_first_contact.py": 35, "tests/test_backbones.py": 29, "tests/test_cli.py": 28,
                 "tests/test_seeds.py": 22, "tests/test_docs.py": 21, "tests/test_types.py": 20,
                 "tests/test_baselines_more.py": 20, "tests/test_docs_pages.py": 17,
