@@ -174,6 +174,10 @@ class FederatedTrainer(L.Trainer):
         (``fedrcl.federated.run_folder``)."""
         if ckpt_path is not None:
             ckpt_path = resume_path(self, model, datamodule, ckpt_path)
+            # Lightning restores the weights before it converts the module to the run's precision: float64
+            # weights (64-true) would pass through the float32 module and come back rounded (7e-9 in FedAvg's
+            # weights after a resume). Converted first, they load as saved.
+            self.precision_plugin.convert_module(model)
         with warnings.catch_warnings(), quiet_writer_threads():
             # A run stopped by its trainer.max_time and resumed without one: its Timer's state is not needed.
             warnings.filterwarnings("ignore", message=r".*add the following callbacks: \['Timer'\]")
@@ -209,7 +213,10 @@ class FederatedTrainer(L.Trainer):
     def _evaluated_checkpoint(self, model: Optional[L.LightningModule], datamodule: Any,
                               ckpt_path: Optional[str]) -> Optional[str]:
         """``"last"``: the newest usable checkpoint of the run name whose method, backbone and dataset are this
-        config's (its training settings do not matter to an evaluation)."""
+        config's (its training settings do not matter to an evaluation). The module is converted to the run's
+        precision first, so a float64 checkpoint is read as saved (see ``fit``)."""
+        if model is not None and ckpt_path is not None:
+            self.precision_plugin.convert_module(model)
         if ckpt_path != "last" or model is None:
             return ckpt_path
         fingerprint = run_fingerprint(self, model, datamodule)
