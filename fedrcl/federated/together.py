@@ -293,9 +293,11 @@ class Cohort:
             if before is not None:
                 stacked.check_stored(before)
                 self._checked_loss = True
-            loss_sums = losses if loss_sums is None else loss_sums + losses
+            # Sums of the step's outputs, never the outputs themselves: under CUDA graphs the next step's replay
+            # overwrites them.
+            loss_sums = losses.clone() if loss_sums is None else loss_sums + losses
             for name, value in parts.items():
-                part_sums[name] = part_sums[name] + value if name in part_sums else value
+                part_sums[name] = part_sums[name] + value if name in part_sums else value.clone()
         stacked.params, stacked.part_sums = params, part_sums
         assert loss_sums is not None  # a round has steps
         return loss_sums
