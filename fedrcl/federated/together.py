@@ -200,7 +200,12 @@ class Cohort:
             if not active:
                 break
             started = time.perf_counter()
-            rounds, stacked = self._begin(active) if self._checked else self._first(self._begin, active)
+            try:
+                rounds, stacked = self._begin(active)
+            except BaseException:
+                if not self._checked:  # the first round: nothing but what the starts wrote is there
+                    self.abandon()
+                raise
             batches = stacked.batches()
             first = next(batches)
             try:  # the seeds' own losses equal the stacked step's, before the round's first step
@@ -218,15 +223,6 @@ class Cohort:
             if self.stop.signum is not None:
                 break
         self._close()
-
-    def _first(self, begin: Any, active: list[SeedRun]) -> tuple[list[ServerRound], "StackedSeeds"]:
-        """The first round's ``begin``; a failure there removes what the starts wrote."""
-        try:
-            out: tuple[list[ServerRound], StackedSeeds] = begin(active)
-            return out
-        except BaseException:
-            self.abandon()
-            raise
 
     def _part(self, active: list[SeedRun], rounds: list[ServerRound]) -> list[int]:
         """Before the round of ``rounds`` trained: every seed's global model put back (its clients had the
