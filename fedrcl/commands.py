@@ -6,9 +6,11 @@ from __future__ import annotations
 OTHER_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fedrcl.report", "Markdown tables of our runs beside the FedRCL paper's numbers."),
     "plot": ("fedrcl.plot", "Accuracy and EMA curves of your runs per method, mean and 95% band over seeds."),
-    "seeds": ("fedrcl.seeds", "One fit per seed of a config; fedrcl report groups them (mean, std, 95% CI)."),
-    "check": ("fedrcl.check", "Run a method on every backend (sequential, batched, two processes, Flower) and "
-                              "compare the weights: does it give the same numbers everywhere?"),
+    "seeds": ("fedrcl.seeds", "One fit per seed of a config (--together: all in one program, their clients in "
+                              "one step); fedrcl report groups them (mean, std, 95% CI)."),
+    "check": ("fedrcl.check", "Run a method on every backend (sequential, batched, seeds together, two "
+                              "processes, Flower) and compare the weights: does it give the same numbers "
+                              "everywhere?"),
     "methods": ("fedrcl.methods", "The client methods and server optimizers, with their paper and options."),
 }
 # The Trainer's subcommands (LightningCLI's, without ``predict``) and their help: the first paragraph of
