@@ -221,3 +221,8 @@ def test_the_whole_client_step_is_one_graph_without_host_syncs(data_root, tmp_pa
     assert counters["stats"]["unique_graphs"] == 2  # the step, and the seeds' evaluation (one test batch)
     assert last(tmp_path, 1)["epoch"] == 2
     assert reads == []
+    monkeypatch.setattr(together.Cohort, "_train", train)
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "eager", model="fedrcl.algorithms.FedRCL")])
+    for seed in (0, 1):  # the compiled step (torch.func.grad) trains as the eager one (autograd's grad)
+        assert relative_difference(last(tmp_path, seed)["state_dict"],
+                                   last(tmp_path / "eager", seed)["state_dict"]) <= 1e-5
