@@ -142,7 +142,8 @@ class Cohort:
             raise
         self._steps: dict[tuple[int, int], ClientStep] = {}
         self._evaluate: Optional[SeedsEvaluation] = None
-        self._checked = False
+        self._checked = False  # the first round's checks passed and the run folders are written
+        self._checked_loss = False  # the first step's check that the loss stores nothing
 
     def abandon(self) -> None:
         """After a failure before any round was logged (``NotTogether`` among them): remove the run folders
@@ -297,8 +298,6 @@ class Cohort:
         stacked.params, stacked.part_sums = params, part_sums
         assert loss_sums is not None  # a round has steps
         return loss_sums
-
-    _checked_loss = False
 
     def _step(self, first: SeedRun, seeds: int, clients: int) -> ClientStep:
         """The stacked step for ``seeds`` x ``clients`` clients (built once per shape; compiled with
