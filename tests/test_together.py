@@ -226,3 +226,28 @@ def test_the_whole_client_step_is_one_graph_without_host_syncs(data_root, tmp_pa
     for seed in (0, 1):  # the compiled step (torch.func.grad) trains as the eager one (autograd's grad)
         assert relative_difference(last(tmp_path, seed)["state_dict"],
                                    last(tmp_path / "eager", seed)["state_dict"]) <= 1e-5
+
+
+def test_sgd_update_and_clip_are_torch_sgd_per_client():
+    """``sgd_update`` after ``clipped`` is, for every client slice, ``clip_grad_norm_`` then ``torch.optim.SGD``
+    (weight decay, momentum) at that client's lr, over 3 steps (float64: equal to rounding)."""
+    from fedrcl.federated.client_step import clipped, sgd_update
+
+    torch.manual_seed(0)
+    params = {"w": torch.randn(3, 4, 5, dtype=torch.float64), "b": torch.randn(3, 5, dtype=torch.float64)}
+    lr = torch.tensor([0.1, 0.05, 0.2], dtype=torch.float64)
+    grads = [{k: torch.randn_like(v) * 4 for k, v in params.items()} for _ in range(3)]
+    stacked, momenta = dict(params), {k: torch.zeros_like(v) for k, v in params.items()}
+    for g in grads:
+        stacked, momenta = sgd_update(stacked, clipped(g, 1.0), momenta, lr, momentum=0.9, weight_decay=1e-3)
+    for n in range(3):
+        own = [params[k][n].clone().requires_grad_() for k in params]
+        sgd = torch.optim.SGD(own, lr=float(lr[n]), momentum=0.9, weight_decay=1e-3)
+        for g in grads:
+            for p, k in zip(own, params):
+                p.grad = g[k][n].clone()
+            torch.nn.utils.clip_grad_norm_(own, 1.0)
+            sgd.step()
+        for p, k in zip(own, params):
+            torch.testing.assert_close(stacked[k][n], p.detach(), rtol=1e-12, atol=1e-12)
+    assert not torch.equal(stacked["w"][0], params["w"][0])

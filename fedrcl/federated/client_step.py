@@ -35,13 +35,14 @@ def sgd_update(params: Tensors, grads: Tensors, momenta: Tensors, lr: Tensor, mo
 
     ``d = g + weight_decay * p``; with momentum ``b = momentum * b + d`` (``b`` starts at zero, so the first
     step's ``b`` is ``d``, as SGD's first step clones it) and ``d = b``; ``p = p - lr * d``. Returns the new
-    weights and momenta (the momenta unchanged without momentum)."""
+    weights and momenta (the momenta unchanged without momentum). The weight decay and the update are one fused
+    pass each over the weights, as in SGD's own (``add`` with ``alpha``, ``addcmul``)."""
     new_params, new_momenta = {}, dict(momenta)
     for name, p in params.items():
-        d = grads[name] if weight_decay == 0 else grads[name] + weight_decay * p
+        d = grads[name] if weight_decay == 0 else torch.add(grads[name], p, alpha=weight_decay)
         if momentum != 0:
-            d = new_momenta[name] = momentum * momenta[name] + d
-        new_params[name] = p - lr.view(-1, *([1] * (p.dim() - 1))).to(p.dtype) * d
+            d = new_momenta[name] = momentum * momenta[name] + d  # in the momenta's layout: no recompile
+        new_params[name] = torch.addcmul(p, lr.view(-1, *([1] * (p.dim() - 1))).to(p.dtype), d, value=-1)
     return new_params, new_momenta
 
 
