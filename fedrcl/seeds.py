@@ -283,7 +283,7 @@ def _run_together(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
         left = [r.seed for r in stopped.cohort.seeds if r.next_round < r.trainer.max_epochs]
         return Outcome(stopped=left, signum=stopped.signum, where=stopped.cohort.stopped_where())
     except Exception as error:  # noqa: BLE001 (said as fedrcl fit says it)
-        if not report_user_error(error, prog="fedrcl seeds --together", argv=[a for r in runs.values() for a in r]):
+        if not report_user_error(error, prog="fedrcl seeds --together", argv=next(iter(runs.values()))):
             traceback.print_exc()
         return Outcome(failed=list(runs))
     return Outcome(failed=[run.seed for run in cohort.seeds if run.failed])

@@ -157,10 +157,7 @@ class ClientBatching:
 
             self._losses = vmap(one_client, randomness="error")
             if self.compile:
-                cuda = x.device.type == "cuda"
-                graphs = cuda and COMPILE_BACKEND == "inductor"
-                self._losses = torch.compile(self._losses, backend=COMPILE_BACKEND,
-                                             mode="reduce-overhead" if graphs else None)
+                self._losses = torch.compile(self._losses, **compile_options(x.device))
         prefixed = {f"algorithm.backbone.{name}": p for name, p in params.items()}
         first = self.compile and self.compile_seconds is None
         start = time.perf_counter()
@@ -273,6 +270,35 @@ def stored_attributes(before: dict[str, Any], after: dict[str, Any]) -> list[str
     return sorted(name for name, value in after.items() if kept(name, value))
 
 
+def refuse_per_client_attributes(pl_module: Any, views: list[dict[str, Any]]) -> None:
+    """Refuse an attribute that ``on_client_start`` set differently per client (``views``: ``client_view`` after
+    each client's start) without naming it in ``client_tensors``: stacked clients would all read the last one's."""
+    differing = per_client_attributes(views)
+    if differing:
+        raise ValueError(
+            f"model {type(pl_module).__name__}: on_client_start sets {', '.join('self.' + n for n in differing)} "
+            f"differently per client, and batched clients would all see the last client's: {REMEDY} "
+            "(fedrcl.federated.batched)")
+
+
+def refuse_stored_attributes(pl_module: Any, before: dict[str, Any]) -> None:
+    """Refuse a ``client_loss`` that stored something on the algorithm (``before``: its ``vars`` before the
+    first mapped call): a loss keeps no state, and a mapped tensor would leak into it."""
+    stored = stored_attributes(before, vars(pl_module))
+    if stored:
+        raise ValueError(
+            f"model {type(pl_module).__name__}: client_loss stores {', '.join('self.' + k for k in stored)}; a loss "
+            "keeps no state (batched clients would leak mapped tensors into it): keep per-client results in "
+            "on_client_end, or set unbatchable_reason")
+
+
+def compile_options(device: torch.device) -> dict[str, Any]:
+    """``torch.compile``'s options for the clients' mapped step on ``device``: ``COMPILE_BACKEND``, with CUDA
+    graphs (``reduce-overhead``) on CUDA with inductor."""
+    graphs = device.type == "cuda" and COMPILE_BACKEND == "inductor"
+    return {"backend": COMPILE_BACKEND, "mode": "reduce-overhead" if graphs else None}
+
+
 class StackedClients:
     """One round's clients as one set of stacked weights, plugged into the algorithm's optimizer.
 
@@ -297,12 +323,8 @@ class StackedClients:
             if not batching.checked:
                 views.append(client_view(pl_module, PER_CLIENT | set(names)))
         batching.checked = True
-        differing = per_client_attributes(views) if views else []
-        if differing:
-            raise ValueError(
-                f"model {type(pl_module).__name__}: on_client_start sets {', '.join('self.' + n for n in differing)} "
-                f"differently per client, and batched clients would all see the last client's: {REMEDY} "
-                "(fedrcl.federated.batched)")
+        if views:
+            refuse_per_client_attributes(pl_module, views)
         self.client_tensors = {name: torch.stack(values) for name, values in per_client.items()}
         sent = runs[0].downlink.sent
         device = next(iter(sent.values())).device
@@ -336,12 +358,7 @@ class StackedClients:
                 f"model {name}: client_loss cannot run batched ({str(error).splitlines()[0]}); batched clients "
                 "see self.client's client_id, num_samples and num_steps as 0-dim tensors: use them in tensor "
                 "arithmetic, or set unbatchable_reason, or trainer.client_batching off") from error
-        stored = stored_attributes(before, vars(self.pl_module))
-        if stored:
-            raise ValueError(
-                f"model {name}: client_loss stores {', '.join('self.' + k for k in stored)}; a loss keeps no "
-                "state (batched clients would leak mapped tensors into it): keep per-client results in "
-                "on_client_end, or set unbatchable_reason")
+        refuse_stored_attributes(self.pl_module, before)
         self._checked = True
         return out
 

@@ -44,9 +44,8 @@ from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.contract.exchange import check_method
 from fedrcl.contract.plan import RoundPlan
 from fedrcl.contract.weights import load_state_, snapshot
-from fedrcl.federated import batched
-from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, LocalLoss, client_view, per_client_attributes, \
-    stack_clients, stored_attributes, unbatchable
+from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, LocalLoss, client_view, compile_options, \
+    refuse_per_client_attributes, refuse_stored_attributes, stack_clients, unbatchable
 from fedrcl.federated.checkpoint import resume_path, run_checkpoints
 from fedrcl.federated.client_step import ClientStep, StepInputs
 from fedrcl.data.datamodule import EvalBatches
@@ -186,9 +185,9 @@ class Cohort:
         """The checkpoint seed ``run`` resumes from: ``last`` where its run folder has none starts it anew."""
         if ckpt_path is None:
             return None
-        if ckpt_path == "last" and not run_checkpoints(run.trainer)[1]:
-            print(f"fedrcl seeds: seed {run.seed}: no checkpoint in {run_checkpoints(run.trainer)[0]}; it "
-                  "starts at round 1", flush=True)
+        where, found = run_checkpoints(run.trainer)
+        if ckpt_path == "last" and not found:
+            print(f"fedrcl seeds: seed {run.seed}: no checkpoint in {where}; it starts at round 1", flush=True)
             return None
         return resume_path(run.trainer, run.module, run.cli.datamodule, ckpt_path)
 
@@ -287,8 +286,8 @@ class Cohort:
                                 stacked.global_state)
             before = None if self._checked_loss else dict(vars(first.module))
             params, momenta, losses, parts = step(params, momenta, inputs)
-            if before is not None:
-                stacked.check_stored(before)
+            if before is not None:  # the first step: a loss that stored something is refused, as batched
+                refuse_stored_attributes(first.module, before)
                 self._checked_loss = True
             # Sums of the step's outputs, never the outputs themselves: under CUDA graphs the next step's replay
             # overwrites them.
@@ -313,10 +312,7 @@ class Cohort:
         """``torch.compile``'s options with ``trainer.compile_clients`` (``None`` without): as batched clients,
         CUDA graphs (``reduce-overhead``) on CUDA with inductor."""
         trainer = first.trainer
-        if not trainer.federation.batching.compile:
-            return None
-        graphs = trainer.strategy.root_device.type == "cuda" and batched.COMPILE_BACKEND == "inductor"
-        return {"backend": batched.COMPILE_BACKEND, "mode": "reduce-overhead" if graphs else None}
+        return compile_options(trainer.strategy.root_device) if trainer.federation.batching.compile else None
 
     def _end_round(self, active: list[SeedRun], rounds: list[ServerRound], stacked: "StackedSeeds",
                    loss_sums: Tensor, seconds: float) -> None:
@@ -336,8 +332,9 @@ class Cohort:
         started = time.perf_counter()
         accuracies = dict(zip(due, self._evaluation(active[due[0]]).accuracies([active[s] for s in due]))) \
             if due else {}
+        evaluation = time.perf_counter() - started
         for s in due:  # the evaluation's time, shared by the seeds evaluated together
-            active[s].trainer.federation.ledger.add("evaluation", time.perf_counter() - started)
+            active[s].trainer.federation.ledger.add("evaluation", evaluation)
         for s in folded:
             self._report(active[s], stacked, loss_sums, s, seconds, accuracies.get(s))
 
@@ -450,8 +447,7 @@ class StackedSeeds:
     their weights, momenta, tensors and facts stacked; ``finish`` hands each client's weights back to its run.
 
     ``check``: the first round checks what batched clients check (an attribute set per client without naming
-    it in ``client_tensors``) and that what a seed's clients received is the same in every seed beyond the
-    broadcast weights (``NotTogether`` otherwise)."""
+    it in ``client_tensors``); ``check_seeds`` checks, every round, that the seeds can share one algorithm."""
 
     def __init__(self, active: list[SeedRun], runs: list[list[ClientRun]], check: bool):
         self.active, self.runs = active, runs
@@ -469,12 +465,7 @@ class StackedSeeds:
                 if check:
                     views.append(client_view(module, PER_CLIENT | set(names)))
             if check:
-                differing = per_client_attributes(views)
-                if differing:
-                    raise ValueError(
-                        f"model {type(module).__name__}: on_client_start sets "
-                        f"{', '.join('self.' + n for n in differing)} differently per client, and batched clients "
-                        f"would all see the last client's: {batched.REMEDY} (fedrcl.federated.batched)")
+                refuse_per_client_attributes(module, views)
         sent = [clients[0].downlink.sent for clients in runs]
         self.device = next(iter(sent[0].values())).device
         self.params = {name: torch.cat([stack_clients(s[name].detach(), self.clients) for s in sent])
@@ -526,16 +517,6 @@ class StackedSeeds:
                     f"model {type(run.module).__name__}: seed {run.seed}'s clients compute another {name} with their "
                     f"own algorithm ({own}) than with seed {self.active[0].seed}'s ({first}): they read something "
                     "of their seed (e.g. its global model as a teacher) that one stacked step cannot give each seed")
-
-    def check_stored(self, before: dict[str, Any]) -> None:
-        """The first step: a loss that stored something on the algorithm is refused (as batched clients)."""
-        module = self.active[0].module
-        stored = stored_attributes(before, vars(module))
-        if stored:
-            raise ValueError(
-                f"model {type(module).__name__}: client_loss stores {', '.join('self.' + k for k in stored)}; a loss "
-                "keeps no state (batched clients would leak mapped tensors into it): keep per-client results in "
-                "on_client_end, or set unbatchable_reason")
 
     @torch.no_grad()
     def finish(self, s: int, server_round: ServerRound, loss_sums: Tensor) -> None:
