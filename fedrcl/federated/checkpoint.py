@@ -16,10 +16,17 @@
   among every ``*.ckpt`` in the run name's ``version_*/checkpoints`` folders that loads, holds finite
   weights, refers to client-state files that exist and matches the configuration; each file passed over
   is named with the reason. A resumed run writes a new version folder and never overwrites the old one.
+- ``local_checkpoint``: one rule for every reader (``fedrcl fit`` / ``validate`` / ``test``, seeds, check, Flower's
+  server, a user's ``Trainer.fit(ckpt_path=...)`` through ``AtomicCheckpointIO``): a checkpoint is a local file,
+  read with ``weights_only=True`` whatever ``--weights_only`` says. ``file://`` and fsspec cache chains of a
+  local file (``simplecache::file:///...``) are that file; a remote URL (``http://``, ``s3://``, any other
+  ``scheme://``) and Lightning's model registry are refused in one line (download the file first): a pickle
+  loaded from one can run code, and nothing is downloaded or cached where the user did not ask.
 """
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Callable, Mapping
@@ -38,9 +45,41 @@ from fedrcl.federated.divergence import all_finite
 from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
 
 
+# Lightning's words for a checkpoint it finds itself (a local file: ``AtomicCheckpointIO`` reads it).
+LIGHTNING_WORDS = ("last", "best", "hpc")
+FSSPEC_CACHES = ("simplecache", "filecache", "blockcache")  # fsspec chains that only cache the file after them
+
+
 def _is_local(path: Any) -> bool:
     text = str(path)
     return "://" not in text or text.startswith("file://")
+
+
+def local_checkpoint(path: Any, key: str = "--ckpt_path") -> Any:
+    """The local file checkpoint argument ``path`` names (``file:///x`` and ``simplecache::file:///x`` are
+    ``/x``; ``None``, ``last``, ``best``, ``hpc`` and plain paths as given).
+
+    Raises:
+        ValueError: ``path`` is a remote URL (any ``scheme://`` but ``file://``), an fsspec chain that reads
+            more than a cached local file, or Lightning's model registry: one line naming ``key``."""
+    if path is None or str(path) in LIGHTNING_WORDS or os.path.exists(str(path)):
+        return path
+    text = str(path)
+    *wrappers, target = text.split("::")
+    if text == "registry" or text.startswith("registry:"):
+        raise ValueError(f"{key} {text}: a checkpoint from Lightning's model registry is not read (it is "
+                         "downloaded and unpickled); download it first and name the file")
+    if any(w.rstrip(":/") not in FSSPEC_CACHES for w in wrappers):
+        raise ValueError(f"{key} {text}: an fsspec chain other than a cache of a local file "
+                         f"({', '.join(FSSPEC_CACHES)}) is not read; name the checkpoint file itself")
+    scheme = target.split("://", 1)[0] if "://" in target else None
+    if scheme is None:
+        return target
+    if scheme in ("file", "local"):
+        return target.split("://", 1)[1]
+    raise ValueError(f"{key} {text}: a remote checkpoint ({scheme}://) is not read: loading one can run code "
+                     "it carries, and fedrcl reads checkpoints from local files only (weights_only=True); "
+                     "download it first (e.g. curl -o model.ckpt URL) and name the file")
 
 
 def write_atomically(path: Path, write: Callable[[Any], None]) -> None:
@@ -78,7 +117,9 @@ class UnreadableCheckpoint(ValueError):
 
 
 def read_checkpoint(path: Any, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
-    """``torch.load(path, weights_only=True)``; a file that cannot be read raises ``UnreadableCheckpoint``."""
+    """``torch.load(path, weights_only=True)``; a file that cannot be read raises ``UnreadableCheckpoint``, a
+    remote URL ``ValueError`` (``local_checkpoint``)."""
+    path = local_checkpoint(path)
     size = os.path.getsize(path)
     if size == 0:
         raise UnreadableCheckpoint(path, "empty (0 bytes)")
@@ -86,8 +127,12 @@ def read_checkpoint(path: Any, map_location: Any = "cpu", mmap: bool = False) ->
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as error:  # noqa: BLE001 (torch raises several types for a damaged file)
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        if "weights only load failed" in str(error).lower():
-            raise UnreadableCheckpoint(path, f"not loadable with weights_only=True ({first})") from error
+        if "weights only load failed" in str(error).lower():  # torch's advice (weights_only=False) left out
+            found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+            what = f"it holds {found.group(1)}, which only unpickling with code execution makes" if found else \
+                "it holds objects beyond tensors and plain values"
+            raise UnreadableCheckpoint(path, f"not loadable with weights_only=True ({what}); fedrcl never "
+                                             "unpickles a checkpoint") from error
         raise UnreadableCheckpoint(path, f"truncated or not a checkpoint ({size} bytes; {first})") from error
 
 
@@ -99,9 +144,10 @@ def finite_weights(checkpoint: Mapping[str, Any]) -> bool:
 def check_usable(path: Optional[str]) -> None:
     """Raise ``UnreadableCheckpoint`` if ``path`` is a local checkpoint file that cannot be read, ``ValueError``
     if its weights are not finite (what ``--ckpt_path last`` passes over: training or evaluating from it is
-    meaningless) and ``FileNotFoundError`` if it names none (Lightning's words ``last``, ``best``, ``hpc``,
-    ``registry`` aside)."""
-    if not path or not _is_local(path) or path in ("last", "best", "hpc", "registry"):
+    meaningless) and ``FileNotFoundError`` if it names none (Lightning's words ``last``, ``best``, ``hpc``
+    aside); a remote URL raises ``ValueError`` (``local_checkpoint``)."""
+    path = local_checkpoint(path)
+    if not path or path in LIGHTNING_WORDS:
         return
     if not os.path.exists(path):
         raise FileNotFoundError(f"--ckpt_path {path}: no such file (a checkpoint file, or last: the newest "
@@ -128,8 +174,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
-        if not _is_local(path):
-            return super().load_checkpoint(path, map_location, weights_only)
+        """The local file ``path`` names, read with ``weights_only=True`` whatever ``weights_only`` says; a
+        remote URL is refused (``local_checkpoint``)."""
+        path = local_checkpoint(path)
         if not os.path.exists(path):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
         return read_checkpoint(path, map_location)
@@ -263,7 +310,7 @@ def resume_path(trainer: L.Trainer, model: L.LightningModule, datamodule: Any, c
     raises, naming it. ``fedrcl fit``'s and a Flower run's resume both go through here."""
     allow = trainer.federation.allow_changes  # type: ignore[attr-defined]  # a FederatedTrainer
     fingerprint = run_fingerprint(trainer, model, datamodule)
-    path = find_resumable(trainer, fingerprint, allow) if ckpt_path == "last" else ckpt_path
+    path = find_resumable(trainer, fingerprint, allow) if ckpt_path == "last" else local_checkpoint(ckpt_path)
     check_usable(path)
     check_configuration(path, fingerprint, allow)
     assert trainer.max_epochs is not None  # FederatedTrainer sets max_epochs to trainer.rounds

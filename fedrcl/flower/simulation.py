@@ -18,7 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
-from fedrcl.cli import split_ckpt_path
+from fedrcl.cli import report_user_error, split_ckpt_path
+from fedrcl.federated.checkpoint import check_usable, local_checkpoint
 from fedrcl.flower.config import Args, as_args, build
 from fedrcl.output import quiet_when_closed
 
@@ -38,6 +39,9 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
     from fedrcl.flower.server import make_server_app, quiet_flower_log
 
     args = as_args(args)
+    # A checkpoint the run cannot read is refused here, in one line, not inside the ServerApp (Flower's traceback).
+    for run in (args, *map(as_args, more)):
+        check_usable(local_checkpoint(split_ckpt_path(run)[1]))
     if num_supernodes is None:
         num_supernodes = build([*split_ckpt_path(args)[0], "--trainer.logger", "false"]).datamodule.num_clients
     resources: dict[str, ConfigRecordValues] = {"num_cpus": cpus_per_client or os.cpu_count() or 1,
@@ -78,4 +82,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--verbose", action="store_true", help="Flower's DEBUG log")
     known, rest = parser.parse_known_args(argv)
     quiet_when_closed()  # ``python -m fedrcl.flower ... | head``: a closed pipe silences the run, never stops it
-    simulate(rest, known.num_supernodes, known.cpus_per_client, known.verbose, round_timeout=known.round_timeout)
+    try:
+        simulate(rest, known.num_supernodes, known.cpus_per_client, known.verbose, round_timeout=known.round_timeout)
+    except Exception as error:
+        if not report_user_error(error, prog=parser.prog, argv=rest):
+            raise
+        raise SystemExit(1) from None

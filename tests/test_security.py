@@ -1,0 +1,182 @@
+"""Nothing executed, nothing shared, nothing unbounded (issue 50).
+
+A checkpoint is never unpickled, whatever its path or URL and whatever ``--weights_only`` says; a run folder has
+one writer; a file the user names is read up to a bound; a seed is checked; a closed pipe or a full device ends
+quietly or in one line. Each test here failed before the fix it pins.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import io
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO
+
+QUICK = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.num_clients", "10",
+         "--trainer.accelerator", "cpu", "--trainer.enable_model_summary", "false",
+         "--trainer.enable_progress_bar", "false"]
+FIT_QUICK = ["--trainer.rounds", "1", "--trainer.local_epochs", "1", "--trainer.clients_per_round", "3"]
+
+
+class Payload:
+    """What a malicious checkpoint carries: unpickling it creates the file ``marker``."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def payload_checkpoint(path: Path, marker: Path) -> Path:
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 0, "payload": Payload(marker)}, path)
+    return path
+
+
+@contextlib.contextmanager
+def served(folder: Path) -> Iterator[str]:
+    """``folder`` served over HTTP on localhost; yields the base URL."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def fedrcl_main(*args: str) -> tuple[int, str]:
+    """``fedrcl.cli.main(args)``: exit status and stderr."""
+    from fedrcl.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as info:
+        main(list(args))
+    return info.value.code, err.getvalue()
+
+
+def one_line(err: str, message: str) -> None:
+    assert message in err, err
+    assert "Traceback" not in err, err
+    assert len([line for line in err.strip().splitlines() if "error" in line]) == 1, err
+    assert len(err.strip().splitlines()) <= 4, err
+
+
+@pytest.fixture
+def payload(tmp_path, monkeypatch) -> Iterator[tuple[str, Path, Path]]:
+    """(the payload checkpoint's URL on localhost, its local file, the file its payload would create). Its name
+    is the test's own and torch.hub's cache is the test's (``TORCH_HOME``): torch.hub caches by file name."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    marker = tmp_path / "payload-ran"
+    ckpt = payload_checkpoint(tmp_path / f"{tmp_path.name}.ckpt", marker)
+    with served(tmp_path) as url:
+        yield f"{url}/{ckpt.name}", ckpt, marker
+    assert not (tmp_path / "torch-home").exists(), "torch.hub cached a checkpoint"
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "test"])
+def test_a_checkpoint_url_is_refused(subcommand, payload, data_root, tmp_path):
+    url, _, marker = payload
+    fit = FIT_QUICK if subcommand == "fit" else []
+    code, err = fedrcl_main(subcommand, *QUICK, *fit, "--data.root", str(data_root),
+                            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--ckpt_path", url)
+    assert not marker.exists()
+    assert code == 1
+    one_line(err, f"fedrcl: error: --ckpt_path {url}: a remote checkpoint (http://) is not read")
+    assert "download it first" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("chain", ["simplecache::file://{}", "file://{}", "{}"])
+def test_a_local_checkpoint_is_read_weights_only_whatever_weights_only_says(chain, payload, data_root, tmp_path):
+    _, ckpt, marker = payload
+    code, err = fedrcl_main("fit", *QUICK, *FIT_QUICK, "--data.root", str(data_root),
+                            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
+                            "--ckpt_path", chain.format(ckpt), "--weights_only", "false")
+    assert not marker.exists()
+    assert code == 1
+    assert "fedrcl: --weights_only false is ignored: checkpoints are always read with weights_only=True" in err
+    one_line(err, f"fedrcl: error: checkpoint {ckpt} is not loadable with weights_only=True (it holds io.open, "
+                  "which only unpickling with code execution makes); fedrcl never unpickles a checkpoint")
+
+
+def test_other_fsspec_chains_and_the_registry_are_refused(tmp_path):
+    from fedrcl.federated.checkpoint import local_checkpoint
+
+    ckpt = tmp_path / "a.ckpt"
+    assert local_checkpoint(f"simplecache::file://{ckpt}") == str(ckpt)
+    assert local_checkpoint(f"filecache::file://{ckpt}") == str(ckpt)
+    assert local_checkpoint(f"file://{ckpt}") == str(ckpt)
+    assert local_checkpoint("last") == "last" and local_checkpoint(None) is None
+    for url, words in [("s3://bucket/a.ckpt", "remote checkpoint (s3://)"),
+                       ("simplecache::https://host/a.ckpt", "remote checkpoint (https://)"),
+                       (f"zip://a.ckpt::file://{tmp_path}/b.zip", "an fsspec chain other than a cache"),
+                       ("registry:model:v1", "Lightning's model registry")]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            local_checkpoint(url)
+
+
+def test_the_checkpoint_io_never_unpickles(payload):
+    """A user's own ``Trainer.fit(ckpt_path=URL, weights_only=False)`` reaches Lightning's CheckpointIO."""
+    from fedrcl.federated.checkpoint import AtomicCheckpointIO, UnreadableCheckpoint
+
+    url, ckpt, marker = payload
+    with pytest.raises(ValueError, match="remote checkpoint"):
+        AtomicCheckpointIO().load_checkpoint(url, weights_only=False)
+    with pytest.raises(UnreadableCheckpoint, match="weights_only=True"):
+        AtomicCheckpointIO().load_checkpoint(f"simplecache::file://{ckpt}", weights_only=False)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_seeds_refuse_a_checkpoint_url(together, payload, data_root, tmp_path):
+    url, _, marker = payload
+    code, err = fedrcl_main("seeds", "--seeds", "0", *(["--together"] if together else []), *QUICK, *FIT_QUICK,
+                            "--data.root", str(data_root), "--trainer.logger.init_args.save_dir",
+                            str(tmp_path / "runs"), "--ckpt_path", url)
+    assert not marker.exists()
+    assert code == 1
+    assert f"--ckpt_path {url}: a remote checkpoint (http://) is not read" in err, err
+    assert "Traceback" not in err, err
+
+
+def test_flower_simulation_refuses_a_bad_checkpoint_in_one_line(payload, data_root, tmp_path, capsys):
+    pytest.importorskip("flwr")
+    from fedrcl.flower.simulation import main
+
+    url, ckpt, marker = payload
+    for path, message in [(url, "a remote checkpoint (http://) is not read"),
+                          (str(ckpt), "is not loadable with weights_only=True")]:
+        with pytest.raises(SystemExit) as info:
+            main([*QUICK, *FIT_QUICK, "--data.root", str(data_root), "--trainer.logger.init_args.save_dir",
+                  str(tmp_path / "runs"), "--ckpt_path", path])
+        err = capsys.readouterr().err
+        assert info.value.code == 1
+        one_line(err, f"python -m fedrcl.flower: error: ")
+        assert message in err, err
+    assert not marker.exists()
+
+
+def test_check_refuses_a_checkpoint_url(payload, data_root, tmp_path):
+    url, _, marker = payload
+    out = subprocess.run([sys.executable, "-m", "fedrcl.cli", "check", "--backends", "sequential", "--rounds", "1",
+                          *QUICK, "--data.root", str(data_root), "--ckpt_path", url],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert not marker.exists()
+    assert out.returncode == 1
+    assert f"refused: --ckpt_path {url}: a remote checkpoint (http://) is not read" in out.stdout, out.stdout
