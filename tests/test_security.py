@@ -180,3 +180,36 @@ def test_check_refuses_a_checkpoint_url(payload, data_root, tmp_path):
     assert not marker.exists()
     assert out.returncode == 1
     assert f"refused: --ckpt_path {url}: a remote checkpoint (http://) is not read" in out.stdout, out.stdout
+
+
+def together_args(data_root: Path, save_dir: Path, rounds: int) -> list[str]:
+    return [*QUICK, "--model", "fedrcl.algorithms.FedAvg", "--data.root", str(data_root), "--trainer.callbacks",
+            "[]", "--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.rounds", str(rounds),
+            "--trainer.local_epochs", "1", "--data.local_iters_per_epoch", "2", "--trainer.clients_per_round", "3"]
+
+
+def test_together_names_the_one_seed_without_a_usable_checkpoint(data_root, tmp_path, capsys):
+    """One seed's checkpoints all truncated: the run stops naming that seed alone, with the way to start it anew
+    while the others resume; done so, the other seed resumes and this one starts at round 1."""
+    from fedrcl import seeds
+
+    seeds.main(["--seeds", "0", "1", "--together", *together_args(data_root, tmp_path, 1)])
+    for ckpt in (tmp_path / "quickstart" / "seed1").rglob("*.ckpt"):
+        ckpt.write_bytes(ckpt.read_bytes()[:100])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        seeds.main(["--seeds", "0", "1", "--together", *together_args(data_root, tmp_path, 2), "--ckpt_path", "last"])
+    err = capsys.readouterr().err
+    assert info.value.code == 1
+    seed1 = tmp_path / "quickstart" / "seed1"
+    line = next(line for line in err.splitlines() if "error:" in line)
+    assert line == (f"fedrcl seeds --together: error: seed 1: --ckpt_path last: nothing to resume under {seed1} (2 "
+                    "checkpoint file(s), none usable: see the warnings above); to start seed 1 anew and resume the "
+                    f"others, move {seed1} away and run the same command again"), err
+    assert "Traceback" not in err and "seed 0" not in err, err
+    seed1.rename(tmp_path / "seed1-damaged")
+    seeds.main(["--seeds", "0", "1", "--together", *together_args(data_root, tmp_path, 2), "--ckpt_path", "last"])
+    assert "seed 1: no checkpoint in" in capsys.readouterr().out
+    assert torch.load(tmp_path / "quickstart" / "seed0" / "version_1" / "checkpoints" / "last.ckpt",
+                      weights_only=True)["epoch"] == 1  # resumed after round 1, ended after round 2
+    assert (seed1 / "version_0" / "checkpoints" / "last.ckpt").is_file()

@@ -116,6 +116,14 @@ class UnreadableCheckpoint(ValueError):
         self.reason = reason
 
 
+class NothingToResume(FileNotFoundError):
+    """``--ckpt_path last`` found no usable checkpoint under ``where`` (``found``: the checkpoint files there)."""
+
+    def __init__(self, message: str, where: str, found: int):
+        super().__init__(message)
+        self.where, self.found = where, found
+
+
 def read_checkpoint(path: Any, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
     """``torch.load(path, weights_only=True)``; a file that cannot be read raises ``UnreadableCheckpoint``, a
     remote URL ``ValueError`` (``local_checkpoint``)."""
@@ -324,8 +332,8 @@ def find_resumable(trainer: L.Trainer, fingerprint: Mapping[str, Any], allow: tu
     done with it (``evaluating`` for ``validate`` / ``test``).
 
     Raises:
-        FileNotFoundError: no checkpoint can resume this run (the rule: fail, never start from scratch
-            silently); the message names each file passed over and says how to start a new run.
+        NothingToResume: (a ``FileNotFoundError``) no checkpoint can resume this run (the rule: fail, never
+            start from scratch silently); the message names each file passed over and says how to start a new run.
     """
     where, paths = run_checkpoints(trainer)
     loaded, skipped = [], []
@@ -349,7 +357,7 @@ def find_resumable(trainer: L.Trainer, fingerprint: Mapping[str, Any], allow: tu
     if chosen is None:
         what, hint = ("nothing to resume", "To start a new run, leave out --ckpt_path.") \
             if purpose == "resuming from" else ("nothing to evaluate", "Name a checkpoint file, or fit one first.")
-        raise FileNotFoundError(f"--ckpt_path last: {what} under {where} ({len(paths)} checkpoint file(s), "
-                                f"none usable). {hint}")
+        raise NothingToResume(f"--ckpt_path last: {what} under {where} ({len(paths)} checkpoint file(s), "
+                              f"none usable). {hint}", where, len(paths))
     rank_zero_info(f"--ckpt_path last: {purpose} {chosen}")
     return chosen

@@ -46,7 +46,7 @@ from fedrcl.contract.plan import RoundPlan
 from fedrcl.contract.weights import load_state_, snapshot
 from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, LocalLoss, client_view, compile_options, \
     refuse_per_client_attributes, refuse_stored_attributes, stack_clients, unbatchable
-from fedrcl.federated.checkpoint import resume_path, run_checkpoints
+from fedrcl.federated.checkpoint import NothingToResume, resume_path, run_checkpoints
 from fedrcl.federated.client_step import ClientStep, StepInputs
 from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.divergence import DivergenceError
@@ -182,14 +182,21 @@ class Cohort:
 
     @staticmethod
     def _checkpoint(run: SeedRun, ckpt_path: Optional[str]) -> Optional[str]:
-        """The checkpoint seed ``run`` resumes from: ``last`` where its run folder has none starts it anew."""
+        """The checkpoint seed ``run`` resumes from: ``last`` where its run folder has none starts it anew; where
+        it has checkpoints but none usable, the run stops naming this seed alone (the others can resume)."""
         if ckpt_path is None:
             return None
         where, found = run_checkpoints(run.trainer)
         if ckpt_path == "last" and not found:
             print(f"fedrcl seeds: seed {run.seed}: no checkpoint in {where}; it starts at round 1", flush=True)
             return None
-        return resume_path(run.trainer, run.module, run.cli.datamodule, ckpt_path)
+        try:
+            return resume_path(run.trainer, run.module, run.cli.datamodule, ckpt_path)
+        except NothingToResume as error:
+            raise NothingToResume(
+                f"seed {run.seed}: --ckpt_path last: nothing to resume under {error.where} ({error.found} checkpoint "
+                f"file(s), none usable: see the warnings above); to start seed {run.seed} anew and resume the "
+                f"others, move {error.where} away and run the same command again", error.where, error.found) from None
 
     # -- the run ----------------------------------------------------------------------------------------
     def fit(self) -> None:
