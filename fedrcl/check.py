@@ -15,7 +15,8 @@ sum in another order stays far below the tolerance; both override the config's. 
 per backend: its seconds, the largest relative difference of its final global weights to the sequential
 run's (per tensor ``max|a - b| / max|a|``) and the verdict: ``agrees`` (bitwise, or within ``TOLERANCE``:
 float64 sums in another order, in batched kernels or an all-reduce, differ near 1e-16, a method that breaks
-the contract by 1e-4 and more), ``differs``, or ``refused`` / ``failed`` with the run's own error line. Exit
+the contract by 1e-4 and more), ``differs``, ``timed out after N s`` (``--timeout``), or ``refused`` /
+``failed`` with the run's own error line. Exit
 status 1 when any backend does not agree.
 
 Where a method differs, the contract it breaks is in the tutorial (docs/tutorial.md, "The contract"): what a
@@ -85,6 +86,7 @@ class BackendRun:
     weights: Optional[dict[str, Any]]
     output: str
     returncode: int
+    timed_out: Optional[float] = None  # the --timeout it ran past (and was stopped at)
 
 
 def available(backend: str, fit_args: Sequence[str]) -> Optional[str]:
@@ -129,7 +131,7 @@ def run_backend(backend: str, fit_args: Sequence[str], rounds: int, scratch: Pat
     path = os.pathsep.join([*(p for p in sys.path if p), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
-    started = time.perf_counter()
+    started, timed_out = time.perf_counter(), None
     # In this folder (the arguments' relative paths hold), in a process group of its own: a second process
     # (DDP) or Ray's workers end with it, whatever happens.
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -139,14 +141,14 @@ def run_backend(backend: str, fit_args: Sequence[str], rounds: int, scratch: Pat
         code = proc.returncode
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        output, code = f"did not finish in {timeout:.0f} s\n{proc.communicate()[0]}", 124
+        output, code, timed_out = f"did not finish in {timeout:g} s\n{proc.communicate()[0]}", 124, timeout
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     seconds = time.perf_counter() - started
     checkpoints = sorted(p for p in save_dir.rglob("last.ckpt") if not folder or folder in p.parts)
     weights = read_checkpoint(checkpoints[-1])["state_dict"] if code == 0 and checkpoints else None
-    return BackendRun(backend, seconds, weights, output, code)
+    return BackendRun(backend, seconds, weights, output, code, timed_out)
 
 
 def error_line(output: str) -> str:
@@ -160,6 +162,8 @@ def error_line(output: str) -> str:
 
 def verdict(run: BackendRun, reference: Optional[BackendRun]) -> tuple[str, str]:
     """``(difference, verdict)`` cells of ``run`` against the sequential ``reference``."""
+    if run.timed_out is not None:
+        return "", f"timed out after {run.timed_out:g} s (--timeout)"
     if run.weights is None:
         line = error_line(run.output)
         ours = OURS.match(line)

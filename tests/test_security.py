@@ -213,3 +213,19 @@ def test_together_names_the_one_seed_without_a_usable_checkpoint(data_root, tmp_
     assert torch.load(tmp_path / "quickstart" / "seed0" / "version_1" / "checkpoints" / "last.ckpt",
                       weights_only=True)["epoch"] == 1  # resumed after round 1, ended after round 2
     assert (seed1 / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_check_says_a_backend_timed_out(data_root, tmp_path, monkeypatch, capsys):
+    from fedrcl.check import main
+
+    (tmp_path / "hanging_method.py").write_text(
+        "import time\nfrom fedrcl.algorithms import FedAvg\n\n\nclass Hanging(FedAvg):\n"
+        "    def training_step(self, batch, batch_idx):\n        time.sleep(600)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as info:
+        main(["--backends", "sequential", "--rounds", "1", "--timeout", "3", *QUICK, "--data.root", str(data_root),
+              "--model", "hanging_method.Hanging"])
+    out = capsys.readouterr().out
+    assert info.value.code == 1
+    assert "| sequential |" in out and "|  | timed out after 3 s (--timeout) |" in out, out
