@@ -51,6 +51,7 @@ from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
 from fedrcl.federated.round import ClientResult, ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
+from fedrcl.privacy import DPFedAvg
 from fedrcl.server import FedAvg, ServerOptimizer
 from fedrcl.server.base import StatefulServer
 
@@ -96,11 +97,12 @@ class Federation(L.Callback):
         allow_changes: fingerprint keys (or their parents) a resumed run may change (``fedrcl.federated.
             fingerprint``); any other difference from the checkpoint stops the run.
         client_batching: train a round's clients together (``fedrcl.federated.batched``); default: off.
+        privacy: differential privacy of the round's mean (``fedrcl.privacy.DPFedAvg``); ``None``: none.
     """
 
     def __init__(self, clients_per_round: Optional[int], participation: Optional[float], local_epochs: int,
                  server: Optional[ServerOptimizer], seed: int, allow_changes: Sequence[str] = (),
-                 client_batching: Optional[ClientBatching] = None):
+                 client_batching: Optional[ClientBatching] = None, privacy: Optional[DPFedAvg] = None):
         if (clients_per_round is None) == (participation is None):
             raise ValueError("set exactly one of trainer.clients_per_round and trainer.participation")
         if participation is not None and not 0 < participation <= 1:
@@ -121,6 +123,7 @@ class Federation(L.Callback):
         self.batching = client_batching or ClientBatching("off")
         self.ledger = RoundLedger()
         self.round: Optional[ServerRound] = None  # the round in progress
+        self.privacy = privacy
 
     # -- planning -----------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -148,6 +151,8 @@ class Federation(L.Callback):
                              f"{trainer.world_size} processes (devices x num_nodes): every process trains at "
                              "least one client per round; lower trainer.devices or sample more clients")
         self._fitting = stage == "fit"  # evaluating a checkpoint needs no resume check
+        if self.privacy is not None and stage == "fit":
+            self.privacy.bind(dm.num_clients, self.clients_per_round, pl_module)
         self._fingerprint = run_fingerprint(trainer, pl_module, dm)
         unknown = [a for a in self.allow_changes if not any(allowed(k, [a]) for k in self._fingerprint)]
         if unknown:
@@ -183,7 +188,8 @@ class Federation(L.Callback):
         algorithm = client_algorithm(pl_module)
         self.round = ServerRound(self.server, algorithm, trainer.current_epoch, snapshot(algorithm.backbone),
                                  self.ledger, reduce=process_sum(trainer),
-                                 vote=lambda failed: trainer.strategy.reduce_boolean_decision(failed, all=False))
+                                 vote=lambda failed: trainer.strategy.reduce_boolean_decision(failed, all=False),
+                                 privacy=self.privacy)
         plan = self.plan(trainer.current_epoch)
         configured = self.round.configure(plan, self.datamodule.client_data)
         self._clients = [ClientRun(algorithm, client, down) for client, down in configured]
@@ -246,6 +252,19 @@ class Federation(L.Callback):
             count_client_steps(trainer, sum(every.steps) - sum(plan.steps))
         pl_module.log("time/round_seconds", time.perf_counter() - self._started, on_step=False, on_epoch=True)
         pl_module.log("train/lr", algorithm.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True)
+        if self.privacy is not None:
+            self._privacy_round(trainer, pl_module)
+
+    def _privacy_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The round's epsilon and clip norm logged (epsilon in the round line); with ``max_epsilon``, the run
+        stops after this round, checkpointed, when the next one would pass the budget."""
+        privacy = self.privacy
+        assert privacy is not None
+        for name, value in privacy.metrics().items():
+            pl_module.log(name, value, on_step=False, on_epoch=True, prog_bar=name == "privacy/epsilon")
+        if trainer.current_epoch + 1 < (trainer.max_epochs or 0) and privacy.budget_spent():
+            trainer.should_stop = True
+            rank_zero_info(privacy.budget_line(trainer.current_epoch + 1))
 
     # -- the ledger: evaluation time, and each round's bytes and seconds logged once its wall time is known --
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -265,9 +284,10 @@ class Federation(L.Callback):
 
     # -- checkpoint ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"server": self.server.state_dict(), "fingerprint": self._fingerprint,
-                "segments": self.segments,
-                "ledger": self.ledger.state_dict()}
+        state = {"server": self.server.state_dict(), "fingerprint": self._fingerprint,
+                 "segments": self.segments,
+                 "ledger": self.ledger.state_dict()}
+        return state if self.privacy is None else {**state, "privacy": self.privacy.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume: refuse a checkpoint whose fingerprint differs (except in ``allow_changes``); say which
@@ -291,9 +311,18 @@ class Federation(L.Callback):
         self._changes = {k: [a, b] for k, a, b in differences}
         if "ledger" in state_dict:
             self.ledger.load_state_dict(state_dict["ledger"])
+        if (self.privacy is None) != ("privacy" not in state_dict):
+            raise ValueError("trainer.privacy: the checkpoint was written " + (
+                "without differential privacy; a private run cannot continue it (its epsilon would not count the "
+                "rounds before)" if self.privacy is not None else "with trainer.privacy, which this config leaves out"))
+        if self.privacy is not None:
+            self.privacy.load_state_dict(state_dict["privacy"])
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """After a resume with deliberate changes: a new segment, in the checkpoint and the logged hparams."""
+        if self.privacy is not None and trainer.current_epoch < (trainer.max_epochs or 0) \
+                and self.privacy.budget_spent():  # a resumed run whose budget is spent
+            raise ValueError(self.privacy.budget_line(trainer.current_epoch))
         changes, self._changes = self._changes, {}
         if not changes:
             return

@@ -22,7 +22,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 
 # Trainer keys that change the math (the rest of the trainer section is how and where the run executes).
 TRAINER_KEYS = ("clients_per_round", "participation", "local_epochs", "server", "seed", "precision",
-                "accumulate_grad_batches")
+                "accumulate_grad_batches", "privacy")
 # Model and data keys that do not change the math.
 IGNORED = ("data.root", "data.download", "data.eval_batch_size", "data.channels_last",
            "model.init_args.state_dir", "model.init_args.max_states_in_memory")

@@ -179,7 +179,7 @@ def run_summary(trainer: L.Trainer, clock: RunClock, last: Optional[dict[str, An
     if reason:
         lines.append(f"fedrcl: stopped early after round {done}/{trainer.max_epochs}: {reason}")
     values = trainer.callback_metrics if last is None else last
-    metrics = [f"{k} {float(values[k]):.4f}" for k in ("val/acc", "val/acc_ema") if k in values]
+    metrics = [f"{k} {float(values[k]):.4f}" for k in ("val/acc", "val/acc_ema", "privacy/epsilon") if k in values]
     lines.append(f"fedrcl: {done}/{trainer.max_epochs} rounds in {duration(clock.elapsed())}"
                  + (f"; {', '.join(metrics)}" if metrics else ""))
     folder = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None

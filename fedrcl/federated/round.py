@@ -49,6 +49,7 @@ from fedrcl.federated.divergence import DivergenceError, all_finite, client_fail
 if TYPE_CHECKING:  # the round imports neither Lightning nor the algorithms at run time
     import fedrcl.algorithms.fedavg
     from fedrcl.contract.context import ClientServer
+    from fedrcl.privacy import DPFedAvg
     from fedrcl.server.base import ServerOptimizer
 
 HINT = ("Lower model.init_args.lr or set model.init_args.grad_clip_norm; --ckpt_path last resumes from the last "
@@ -102,11 +103,13 @@ class ServerRound:
         ledger: where the round's bytes and seconds are counted (``None``: nowhere).
         reduce: sums a tensor over processes (``None``: one process).
         vote: whether any process has a failed client, given this one's answer (``None``: one process).
+        privacy: ``trainer.privacy`` (``fedrcl.privacy.DPFedAvg``): each client's update clipped as it is folded
+            in, with uniform weights, and the mean noised before the server step (``None``: plain averaging).
     """
 
     def __init__(self, server: ServerOptimizer, algorithm: ClientExchange, round_idx: int,
                  global_state: Mapping[str, Tensor], ledger: Optional[RoundLedger] = None, reduce: Reduce = None,
-                 vote: Optional[Callable[[bool], bool]] = None):
+                 vote: Optional[Callable[[bool], bool]] = None, privacy: Optional[DPFedAvg] = None):
         self.server, self.algorithm, self.round_idx = server, algorithm, round_idx
         self.global_state = dict(global_state)
         self.sent: Tensors = server.broadcast(self.global_state)
@@ -117,6 +120,7 @@ class ServerRound:
         self.clients: dict[int, tuple[ClientContext, Downlink]] = {}  # configured: client -> facts, downlink
         self._folded = False
         self._sum = WeightedSum(self.global_state)
+        self.privacy, self._unclipped = privacy, 0  # DP: this process's clients within the clip norm
 
     def configure(self, plan: RoundPlan, data_of: Optional[Callable[[int], ClientData]] = None
                   ) -> list[tuple[ClientContext, Downlink]]:
@@ -150,7 +154,12 @@ class ServerRound:
 
     def _fold(self, client: ClientContext, result: ClientResult) -> None:
         self.algorithm.receive_upload(client, result.upload)
-        self._sum.add(result.weights, weight=float(client.num_samples))
+        if self.privacy is None:
+            self._sum.add(result.weights, weight=float(client.num_samples))
+            return
+        weights, unclipped = self.privacy.clip(result.weights, self.sent)  # DP-FedAvg: per client, uniform
+        self._unclipped += unclipped
+        self._sum.add(weights, weight=1.0)
 
     def finish(self) -> dict[str, Tensor]:
         """Phase 4: the new global weights (see the module docstring)."""
@@ -168,7 +177,11 @@ class ServerRound:
         failed = bool(self.failures)
         if self.vote(failed) if self.vote is not None else failed:  # every process decides together
             raise DivergenceError(divergence_message(self.round_idx, self.failures, HINT))
-        new_global = self.server.step(self.global_state, self.sent, self._sum.mean(self.reduce))
+        mean = self._sum.mean(self.reduce)
+        if self.privacy is not None:  # the noise once, after the reduce: the same on every process
+            seed = next(iter(self.clients.values()))[0].seed
+            mean = self.privacy.release(mean, self._unclipped, seed, self.round_idx, self.reduce)
+        new_global = self.server.step(self.global_state, self.sent, mean)
         self.algorithm.end_server_round(self.reduce)
         if not all_finite(new_global.values()):
             raise DivergenceError(f"training diverged in round {self.round_idx + 1}: the server step "

@@ -264,7 +264,7 @@ class Cohort:
         for run in active:
             federation, dm, module = run.trainer.federation, run.cli.datamodule, run.module
             server_round = ServerRound(federation.server, module, run.next_round, snapshot(module.backbone),
-                                       federation.ledger)
+                                       federation.ledger, privacy=federation.privacy)
             sampled = sample_clients(dm.num_clients, federation.clients_per_round, federation.seed, run.next_round)
             plan = RoundPlan.of_clients(run.next_round, tuple(sampled), dm.client_num_samples,
                                         dm.client_steps_per_epoch, federation.local_epochs, federation.seed)
@@ -359,9 +359,12 @@ class Cohort:
         if accuracy is not None:
             metrics["val/acc"] = accuracy
             metrics["val/acc_ema"] = module.update_acc_ema(accuracy)
+        privacy = trainer.federation.privacy
+        metrics.update(privacy.metrics() if privacy is not None else {})
         _, ledger = trainer.federation.ledger.metrics()
         log_round(trainer, round_idx, {**metrics, **ledger})
-        shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss") if k in metrics}
+        shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss", "privacy/epsilon")
+                                 if k in metrics}
         print(f"seed {run.seed}: {round_line(trainer, shown, run.clock)}", flush=True)
         run.clock.round_started()
         run.saved, run.metrics = save_round(trainer, module, round_idx, run.steps), metrics
@@ -370,6 +373,9 @@ class Cohort:
         left = timer.time_remaining() if timer is not None else None
         if left is not None and left <= 0 and not run.done:
             run.stopped = f"trainer.max_time reached after round {round_idx + 1}"
+            self._checkpoint_now(run)
+        if privacy is not None and not run.done and privacy.budget_spent():
+            run.stopped = privacy.budget_line(round_idx + 1)
             self._checkpoint_now(run)
 
     def _evaluation(self, first: SeedRun) -> "SeedsEvaluation":

@@ -23,6 +23,7 @@ from fedrcl.federated.progress import WeightsSummary, quiet_lightning, round_pro
 from fedrcl.federated.round_axis import log_against_rounds
 from fedrcl.federated.run_folder import check_save_dirs, quiet_writer_threads, run_folder_error
 from fedrcl.federated.strategy import check_federated_strategy, federated_ddp_names
+from fedrcl.privacy import DPFedAvg
 from fedrcl.server import ServerOptimizer
 
 # Trainer arguments the round loop sets itself: Lightning's default (any other value is an error) and what
@@ -98,6 +99,8 @@ class FederatedTrainer(L.Trainer):
             another; ``auto``: on on CUDA, off elsewhere. Rounds it cannot batch (unequal clients, MOON,
             BatchNorm) run one after another, with a notice.
         compile_clients: compile the batched clients' step with ``torch.compile`` (CUDA graphs on CUDA).
+        privacy: user-level differential privacy (``fedrcl.privacy.DPFedAvg``: per-client clipping, Gaussian
+            noise, epsilon per round, a budget); ``None``: none (docs/privacy.md).
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class FederatedTrainer(L.Trainer):
         resume_allow_changes: Optional[list[str]] = None,
         client_batching: Literal["auto", "on", "off"] = "auto",
         compile_clients: bool = False,
+        privacy: Optional[DPFedAvg] = None,
         **kwargs: Any,
     ):
         quiet_lightning()
@@ -129,7 +133,8 @@ class FederatedTrainer(L.Trainer):
                 raise ValueError(f"trainer.{key} must be >= 1, got {value}")
         self.federation = Federation(clients_per_round, participation, local_epochs, server, seed,
                                      allow_changes=resume_allow_changes or (),
-                                     client_batching=ClientBatching(client_batching, compile_clients))
+                                     client_batching=ClientBatching(client_batching, compile_clients),
+                                     privacy=privacy)
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks += round_timer(kwargs.pop("max_time", None), callbacks)  # checked after each round
         callbacks.append(Preemption())  # SIGTERM: stop after the round in progress, checkpointed

@@ -81,7 +81,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
                               steps_per_epoch=[dm.client_steps_per_epoch(k) for k in clients],
                               local_epochs=federation.local_epochs, first_round=first_round,
                               node_wait=node_wait, algorithm=module, run_args=args, ledger=federation.ledger,
-                              restart_wait=restart_wait)
+                              restart_wait=restart_wait, privacy=federation.privacy)
     strategy.steps = steps
     strategy.kept = strategy.manifest()  # a resumed run's checkpoint refers to these files
     started = [time.perf_counter()]
@@ -89,6 +89,9 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     clock.fit_started(trainer)
     # the last round done, whether it was checkpointed, and its metrics
     last: dict[str, Any] = {"round": first_round - 1, "saved": True, "metrics": {}}
+    privacy, rounds = federation.privacy, trainer.max_epochs - first_round
+    if privacy is not None:  # trainer.privacy.init_args.max_epsilon: the rounds within the budget
+        rounds = privacy.rounds_left(rounds)
 
     def end_of_round(server_round: int, arrays: ArrayRecord) -> Optional[MetricRecord]:
         if server_round == 0:  # fedrcl does not evaluate the initial model
@@ -102,13 +105,19 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
             with strategy.ledger.timed("evaluation"):
                 metrics["val/acc"] = evaluate(module, dm)
             metrics["val/acc_ema"] = module.acc_ema
+        metrics.update(privacy.metrics() if privacy is not None else {})
         _, ledger = strategy.ledger.metrics()
         ledger.update({f"flower/{d}_bytes": float(n) for d, n in strategy.payload.items()})
         log_round(trainer, round_idx, {**metrics, **ledger})
-        shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss") if k in metrics}
+        shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss", "privacy/epsilon")
+                                 if k in metrics}
         log(INFO, "%s  clients %s", round_line(trainer, shown, clock), strategy.clients)
         clock.round_started()
-        last.update(round=round_idx, saved=save_round(trainer, module, round_idx, strategy.steps), metrics=metrics)
+        budget_stop = server_round == rounds and round_idx + 1 < trainer.max_epochs  # max_epsilon: checkpointed
+        last.update(round=round_idx, saved=save_round(trainer, module, round_idx, strategy.steps, now=budget_stop),
+                    metrics=metrics)
+        if budget_stop and privacy is not None:
+            log(INFO, "%s", privacy.budget_line(round_idx + 1))
         if last["saved"]:
             strategy.kept = strategy.manifest()
         started[0] = time.perf_counter()
@@ -116,7 +125,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
 
     try:
         strategy.start(grid, ArrayRecord.from_torch_state_dict(module.backbone.state_dict()),
-                       num_rounds=trainer.max_epochs - first_round, timeout=timeout, evaluate_fn=end_of_round)
+                       num_rounds=rounds, timeout=timeout, evaluate_fn=end_of_round)
     except ClientFailure as failure:
         raise ClientFailure(f"{failure}\n{stopped(trainer, module, strategy, last)}") from None
     for logger in trainer.loggers:

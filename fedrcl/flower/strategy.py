@@ -67,16 +67,18 @@ class FedrclStrategy(Strategy):
             ``extra_download``, ``receive_upload``, ``end_server_round``; ``fedrcl.federated.communication``).
         run_args: fedrcl's arguments of the run, sent to the nodes with every message.
         ledger: where bytes and seconds are counted (default: a new ``RoundLedger``).
+        privacy: ``trainer.privacy`` (``fedrcl.privacy.DPFedAvg``): the replies clipped and their mean noised in
+            the server round, as in ``fedrcl fit``; ``None``: none.
     """
 
     def __init__(self, server: ServerOptimizer, num_samples: Sequence[int], clients_per_round: int, seed: int,
                  *, steps_per_epoch: Sequence[int], local_epochs: int, first_round: int = 0,
                  node_wait: float = 600.0, algorithm: Any = None, run_args: Sequence[str] = (),
-                 ledger: Optional[RoundLedger] = None, restart_wait: float = 300.0):
+                 ledger: Optional[RoundLedger] = None, restart_wait: float = 300.0, privacy: Any = None):
         self.server, self.num_samples = server, list(num_samples)
         self.steps_per_epoch, self.local_epochs = list(steps_per_epoch), local_epochs
         self.clients_per_round, self.seed, self.first_round = clients_per_round, seed, first_round
-        self.node_wait = node_wait
+        self.node_wait, self.privacy = node_wait, privacy
         self.algorithm = algorithm if algorithm is not None else ClientExchange()  # FedAvg's: sends nothing more
         self.run_args = [str(a) for a in run_args]
         self.fleet = Fleet(len(self.num_samples), lambda: RecordDict({"fedrcl.run": self._run_record()}),
@@ -119,7 +121,8 @@ class FedrclStrategy(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         round_idx = self.round_idx(server_round)
-        self.round = ServerRound(self.server, self.algorithm, round_idx, arrays.to_torch_state_dict(), self.ledger)
+        self.round = ServerRound(self.server, self.algorithm, round_idx, arrays.to_torch_state_dict(), self.ledger,
+                                 privacy=self.privacy)
         self.clients = sample_clients(len(self.num_samples), self.clients_per_round, self.seed, round_idx)
         plan = RoundPlan.of_clients(round_idx, self.clients, self.num_samples.__getitem__,
                                     self.steps_per_epoch.__getitem__, self.local_epochs, self.seed)
