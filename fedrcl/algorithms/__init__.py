@@ -12,6 +12,7 @@ from fedrcl.algorithms.fedproc import FedProc
 from fedrcl.algorithms.fedcl import FedCL
 from fedrcl.algorithms.scaffold import SCAFFOLD
 from fedrcl.algorithms.feddyn import FedDyn
+from fedrcl.algorithms.fednova import FedNova
 
 __all__ = ["FedAvg", "FedRCL", "FedSCL", "FedProx", "FedLC", "FedDecorr", "FedNTD", "FitNet", "MOON", "FedMLB",
-           "FedProc", "FedCL", "SCAFFOLD", "FedDyn"]
+           "FedProc", "FedCL", "SCAFFOLD", "FedDyn", "FedNova"]

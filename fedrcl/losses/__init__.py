@@ -5,6 +5,7 @@
 - ``proximal``: FedProx's squared distance. ``decorrelation``: FedDecorr.
 - ``not_true_distillation``: FedNTD. ``feature_distillation``: FitNet. ``branch_distillation``: FedMLB.
 - ``logit_calibration``: FedLC. ``control_variate``: SCAFFOLD. ``dynamic_regularizer``: FedDyn.
+- ``normalized_averaging``: FedNova.
 """
 from fedrcl.losses.branch_distillation import hybrid_branch_losses
 from fedrcl.losses.control_variate import control_variate_delta, linear_term
@@ -14,6 +15,7 @@ from fedrcl.losses.feature_distillation import hint_losses
 from fedrcl.losses.info_nce import info_nce
 from fedrcl.losses.logit_calibration import calibrated_cross_entropy, calibration_offsets
 from fedrcl.losses.model_contrastive import model_contrastive_loss
+from fedrcl.losses.normalized_averaging import effective_mean, normalized_model, update_norm
 from fedrcl.losses.not_true_distillation import not_true_distillation, not_true_logits
 from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
 from fedrcl.losses.proximal import squared_distance
@@ -27,15 +29,18 @@ __all__ = [
     "decorrelation_loss",
     "dual_update",
     "dynamic_regularizer",
+    "effective_mean",
     "hint_losses",
     "hybrid_branch_losses",
     "info_nce",
     "linear_term",
     "model_contrastive_loss",
+    "normalized_model",
     "not_true_distillation",
     "not_true_logits",
     "prototype_contrastive_loss",
     "relaxed_contrastive_loss",
     "relaxed_contrastive_terms",
     "squared_distance",
+    "update_norm",
 ]

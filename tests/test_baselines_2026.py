@@ -1,0 +1,203 @@
+"""The 2026 baselines (issue 52): each rule pinned by hand and at random, and one round of ``fedrcl fit`` (float64,
+three clients) replayed by a reference written from the paper's algorithm in plain loops, to 1e-9 relative."""
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from conftest import REPO, run_cli
+from fedrcl.losses.normalized_averaging import effective_mean, normalized_model, update_norm
+from fedrcl.server import FedAdam, FedAvg, FedAvgM, SCAFFOLD
+from fedrcl.server import FedACG, FedNova as FedNovaServer
+
+CONFIGS = REPO / "configs" / "methods"
+FLOAT64 = ("--trainer.precision", "64-true", "--trainer.client_batching", "off")
+
+
+# -- FedNova's rules ----------------------------------------------------------------------------------------
+def test_update_norm_by_hand_and_in_the_papers_closed_forms():
+    assert update_norm([0.1, 0.1, 0.05]) == pytest.approx(0.25)  # SGD: the sum of the step lrs
+    # momentum 0.5, lr 1: B = 1, 1.5, 1.75 -> D = 4.25
+    assert update_norm([1.0, 1.0, 1.0], momentum=0.5) == pytest.approx(4.25)
+    # proximal mu 0.5, lr 1: B = 1, 0.5, 0.25 (D = 1, 1.5, 1.75)
+    assert update_norm([1.0, 1.0, 1.0], mu=0.5) == pytest.approx(1.75)
+    eta, tau = 0.05, 17
+    for rho in (0.0, 0.5, 0.9):  # the paper's ||a_i||_1 of local momentum SGD, times eta
+        paper = (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
+        assert update_norm([eta] * tau, momentum=rho) == pytest.approx(eta * paper, rel=1e-12)
+    mu = 0.3  # of the proximal solver: a_i = [(1 - eta mu)^(tau - 1), ..., 1]
+    assert update_norm([eta] * tau, mu=mu) == pytest.approx(eta * (1 - (1 - eta * mu) ** tau) / (eta * mu),
+                                                             rel=1e-12)
+    with pytest.raises(ValueError, match="at least one local step"):
+        update_norm([])
+
+
+def test_update_norm_is_the_coefficient_sum_of_momentum_proximal_sgd():
+    """Random lrs, momentum and mu: run torch.optim.SGD (momentum) on the linear-plus-proximal objective
+    <g_k, w> + mu/2 ||w - x||^2 with a fresh random g_k per step; x - y is then linear in the g_k, and the
+    coefficients found by least squares over many draws sum to update_norm."""
+    gen = torch.Generator().manual_seed(0)
+    rng = random.Random(0)
+    for _ in range(3):
+        steps, rho, mu = rng.randint(2, 6), rng.uniform(0, 0.9), rng.uniform(0, 0.5)
+        lrs = [rng.uniform(0.05, 0.3) for _ in range(steps)]
+        draws, dim = 40, 3
+        g = torch.randn(draws, steps, dim, dtype=torch.float64, generator=gen)
+        deltas = []
+        for n in range(draws):
+            w = torch.zeros(dim, dtype=torch.float64, requires_grad=True)
+            opt = torch.optim.SGD([w], lr=lrs[0], momentum=rho)
+            for k in range(steps):
+                opt.param_groups[0]["lr"] = lrs[k]
+                opt.zero_grad()
+                ((g[n, k] * w).sum() + mu / 2 * w.pow(2).sum()).backward()
+                opt.step()
+            deltas.append(-w.detach())
+        # delta[n, d] = sum_k a_k g[n, k, d]: solve for a
+        a = torch.linalg.lstsq(g.permute(0, 2, 1).reshape(-1, steps), torch.stack(deltas).reshape(-1)).solution
+        assert a.sum().item() == pytest.approx(update_norm(lrs, rho, mu), rel=1e-10)
+
+
+def test_normalized_model_and_effective_mean_by_hand():
+    x, y = torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0])
+    torch.testing.assert_close(normalized_model(x, y, 4.0), torch.tensor([0.75, 2.5]))  # x - (x - y) / 4
+    torch.testing.assert_close(effective_mean(x, torch.tensor([0.75, 2.5]), 2.0), torch.tensor([0.5, 3.0]))
+    with pytest.raises(ValueError, match="norm must be > 0"):
+        normalized_model(x, y, 0.0)
+
+
+def test_fednova_server_step_by_hand():
+    """Two clients, n = 1 and 3 of 8 samples: tau_eff = (1 * 0.2 + 3 * 0.6) / 4 = 0.5; the mean of the normalised
+    models 3 -> x_eff = 1 + 0.5 (3 - 1) = 2; FedAvgM (beta 0.5) steps from there and keeps its momentum."""
+    x = {"w": torch.tensor([1.0]), "count": torch.tensor(7)}
+    server = FedNovaServer()
+    server.receive(torch.tensor(0.2, dtype=torch.float64), 1, 8)
+    server.receive(torch.tensor(0.6, dtype=torch.float64), 3, 8)
+    new = server.step(x, x, {"w": torch.tensor([3.0])})
+    assert new["w"].item() == pytest.approx(2.0) and new["count"].item() == 7
+    momentum = FedNovaServer(base=FedAvgM(beta=0.5))
+    for _ in range(2):
+        momentum.receive(torch.tensor(0.2, dtype=torch.float64), 1, 8)
+        momentum.receive(torch.tensor(0.6, dtype=torch.float64), 3, 8)
+        x = momentum.step(x, x, {"w": x["w"] + 2.0})  # the update x_eff - x = 1 each round
+    assert x["w"].item() == pytest.approx(1.0 + 1.0 + 1.5)  # M = 1, then 0.5 + 1
+    restored = FedNovaServer(base=FedAvgM(beta=0.5))
+    restored.load_state_dict(momentum.state_dict())
+    assert restored.state_dict().keys() == momentum.state_dict().keys() and momentum.state_dict()
+    with pytest.raises(RuntimeError, match="no client reported"):
+        server.step(x, x, {"w": torch.tensor([3.0])})
+
+
+@pytest.mark.parametrize("base", [SCAFFOLD(), FedNovaServer(), FedACG()])
+def test_fednova_refuses_a_base_it_cannot_normalise(base):
+    with pytest.raises(ValueError, match="trainer.server.init_args.base"):
+        FedNovaServer(base=base)
+    assert isinstance(FedNovaServer(base=FedAdam()).base, FedAdam) and isinstance(FedNovaServer().base, FedAvg)
+
+
+# -- one round of fedrcl fit against a plain-loop reference ----------------------------------------------------
+@pytest.fixture
+def round_seen(monkeypatch):
+    """Every local step's batch, by client in training order, and each client's received weights and sample count,
+    captured at ``training_step`` (clients one after another)."""
+    from fedrcl.algorithms import FedAvg as FedAvgClient
+
+    seen: dict[int, dict] = {}
+    original = FedAvgClient.training_step
+
+    def training_step(self, batch, batch_idx):
+        client = self.client
+        entry = seen.setdefault(client.client_id, {"batches": [], "num_samples": client.num_samples,
+                                                   "num_steps": client.num_steps,
+                                                   "sent": {k: v.detach().clone() for k, v in
+                                                            client.global_state.items()}})
+        entry["batches"].append((batch[0].detach().clone(), batch[1].detach().clone()))
+        return original(self, batch, batch_idx)
+
+    monkeypatch.setattr(FedAvgClient, "training_step", training_step)
+    return seen
+
+
+def reference_local_sgd(net, start, batches, lr, weight_decay, momentum, clip, direction):
+    """Plain local SGD as ``torch.optim.SGD`` defines it, on the step ``direction(params, x, y)`` (the gradient,
+    or a method's), clipped to ``clip`` as ``clip_grad_norm_``: returns the final parameters."""
+    w = {k: v.clone() for k, v in start.items()}
+    buf: dict = {}
+    for x, y in batches:
+        d = direction(w, x, y)
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in d.values()))
+        scale = min(1.0, clip / (norm.item() + 1e-6))
+        for k in w:
+            step = d[k] * scale + weight_decay * w[k]
+            if momentum:
+                buf[k] = step if k not in buf else momentum * buf[k] + step
+                step = buf[k]
+            w[k] = w[k] - lr * step
+    return w
+
+
+def ce_gradient(net, extra=None):
+    """The gradient of CE (plus ``extra(params)``) at ``params`` on ``(x, y)``, by autograd."""
+    def direction(params, x, y):
+        leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
+        loss = F.cross_entropy(functional_call(net, leaves, (x,)).logits, y)
+        if extra is not None:
+            loss = loss + extra(leaves)
+        grads = torch.autograd.grad(loss, list(leaves.values()))
+        return dict(zip(leaves, grads))
+    return direction
+
+
+def relative_difference(a: dict, b: dict) -> float:
+    return max(((a[k] - b[k]).abs().max() / a[k].abs().max()).item() for k in a)
+
+
+def fednova_fit(data_root, tmp_path, *extra):
+    return run_cli(data_root, tmp_path, "--config", str(CONFIGS / "fednova.yaml"), *FLOAT64, "--data.partition",
+                   "dirichlet_unbalanced", *extra, rounds=1, model="fedrcl.algorithms.FedNova")
+
+
+@pytest.mark.parametrize("momentum, mu", [(0.5, 0.0), (0.0, 0.05)])
+def test_fednova_round_is_the_papers_algorithm(data_root, tmp_path, round_seen, momentum, mu):
+    """Clients of different sizes take different step counts (local_iters_per_epoch null); the paper's rule:
+    x+ = x - tau_eff sum_i p_i (x - y_i) / ||a_i||_1, its closed-form ||a_i|| of momentum SGD and of the
+    proximal solver, p_i = n_i / sum n_j, tau_eff = sum_i p_i ||a_i||_1."""
+    cli = fednova_fit(data_root, tmp_path, "--model.init_args.momentum", str(momentum), "--model.init_args.mu",
+                      str(mu), "--trainer.local_epochs", "2")
+    model = cli.model
+    steps = [c["num_steps"] for c in round_seen.values()]
+    assert len(round_seen) == 3 and len(set(steps)) > 1, steps  # the setting where FedNova is not FedAvg
+    net = copy.deepcopy(model.backbone)
+    names = [n for n, _ in net.named_parameters()]
+    lr = model.client_lr(0, 0)
+    n_total = sum(c["num_samples"] for c in round_seen.values())
+    x0 = {k: next(iter(round_seen.values()))["sent"][k] for k in names}
+    tau_eff, normalized = 0.0, {k: torch.zeros_like(v) for k, v in x0.items()}
+    for c in round_seen.values():
+        prox = (lambda p: mu / 2 * sum((p[k] - x0[k]).pow(2).sum() for k in p)) if mu else None
+        y = reference_local_sgd(net, x0, c["batches"], lr, model.weight_decay, momentum, model.grad_clip_norm,
+                                ce_gradient(net, prox))
+        tau = len(c["batches"])
+        a_norm = ((tau - momentum * (1 - momentum ** tau) / (1 - momentum)) / (1 - momentum) if momentum else
+                  (1 - (1 - lr * mu) ** tau) / (lr * mu) if mu else float(tau))
+        p = c["num_samples"] / n_total
+        tau_eff += p * a_norm
+        for k in names:
+            normalized[k] += p * (x0[k] - y[k]) / a_norm
+    expected = {k: x0[k] - tau_eff * normalized[k] for k in names}
+    got = dict(model.backbone.named_parameters())
+    assert relative_difference(expected, {k: got[k].detach() for k in names}) <= 1e-9
+    assert next(iter(got.values())).dtype == torch.float64
+    # bytes: FedAvg's both ways, plus one float64 per client up
+    model_bytes = sum(p.numel() * p.element_size() for p in model.backbone.state_dict().values())
+    assert cli.trainer.federation.ledger.cumulative == {"down": 3 * model_bytes, "up": 3 * model_bytes + 3 * 8}
+
+
+def test_fednova_needs_its_server_half(data_root, tmp_path):
+    with pytest.raises(ValueError, match="needs trainer.server fedrcl.server.FedNova"):
+        run_cli(data_root, tmp_path, rounds=1, model="fedrcl.algorithms.FedNova")
