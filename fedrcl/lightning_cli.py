@@ -32,6 +32,7 @@ from fedrcl.algorithms import FedAvg
 from fedrcl.commands import DESCRIPTION, OTHER_SUBCOMMANDS
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.datasets import dataset_info
+from fedrcl.data.sources import OWN_DATASETS, own_data_shape
 from fedrcl.errors import typed_pairs
 from fedrcl.federated.checkpoint import check_usable, local_checkpoint
 from fedrcl.federated.trainer import OWNED_BY_ROUNDS, FederatedTrainer
@@ -46,16 +47,24 @@ HIDDEN_KEYS = ("optimizer", "optimizer.help", "lr_scheduler", "lr_scheduler.help
 KNOWN_SUBCLASSES = ", known subclasses: "  # how jsonargparse's --help ends a class argument's choices
 
 
-def _num_classes(dataset: str) -> int:
-    return dataset_info(dataset).num_classes
+def _data_shape(dataset: str, root: str, image_size: Optional[int]) -> tuple[int, int, int]:
+    """(classes, channels, side) of a named data set, or read from your own data at ``root``."""
+    if dataset in OWN_DATASETS:
+        return own_data_shape(dataset, root, image_size)
+    info = dataset_info(dataset)
+    return info.num_classes, info.in_channels, info.image_size
 
 
-def _in_channels(dataset: str) -> int:
-    return dataset_info(dataset).in_channels
+def _num_classes(dataset: str, root: str, image_size: Optional[int]) -> int:
+    return _data_shape(dataset, root, image_size)[0]
 
 
-def _image_size(dataset: str) -> int:
-    return dataset_info(dataset).image_size
+def _in_channels(dataset: str, root: str, image_size: Optional[int]) -> int:
+    return _data_shape(dataset, root, image_size)[1]
+
+
+def _image_size(dataset: str, root: str, image_size: Optional[int]) -> int:
+    return _data_shape(dataset, root, image_size)[2]
 
 
 def _left_to_subclasses(method: Any) -> bool:
@@ -282,9 +291,10 @@ class FedRCLCLI(LightningCLI):
                             help="CPU threads of torch (torch.set_num_threads); null: torch's default "
                                  "(OMP_NUM_THREADS, else one per core). 1 is fastest for small models on "
                                  "shared cores.")
-        parser.link_arguments("data.dataset", "model.init_args.num_classes", compute_fn=_num_classes)
-        parser.link_arguments("data.dataset", "model.init_args.in_channels", compute_fn=_in_channels)
-        parser.link_arguments("data.dataset", "model.init_args.image_size", compute_fn=_image_size)
+        data = ("data.dataset", "data.root", "data.image_size")  # your own data's shape is read from it
+        parser.link_arguments(data, "model.init_args.num_classes", compute_fn=_num_classes)
+        parser.link_arguments(data, "model.init_args.in_channels", compute_fn=_in_channels)
+        parser.link_arguments(data, "model.init_args.image_size", compute_fn=_image_size)
 
     def parse_arguments(self, parser, args) -> None:
         if args is None or isinstance(args, list):
@@ -350,8 +360,8 @@ def parse_error_text(message: str) -> str:
     for key, (_, instead) in OWNED_BY_ROUNDS.items():
         if f"trainer.{key}" in message and ("unrecognized" in message or "does not accept" in message):
             return f"trainer.{key} is set by fedrcl's round loop: {instead}"
-    link = re.match(r"Call to compute_fn of link '\w+\(([\w.]+)\) --> [\w.]+' with args \((.*?)\) failed: (.*)",
-                    message.strip(), re.S)
+    link = re.match(r"Call to compute_fn of link '\w+\(([\w.]+)[\w., ]*\) --> [\w.]+' with args \('?([^',)]*)'?.*?\) "
+                    r"failed: (.*)", message.strip(), re.S)
     if link:  # a linked value (data.dataset -> the model's class count) could not be derived
         return f"{link.group(1)} {link.group(2)}: {link.group(3).strip()}"
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]

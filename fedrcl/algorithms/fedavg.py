@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from fedrcl.contract.context import ClientContext
+from fedrcl.data.domains import domain_accuracy_of
 from fedrcl.contract.exchange import ClientExchange
 from fedrcl.contract.processes import sum_over_processes
 from fedrcl.contract.protocols import ClientStack
@@ -187,7 +188,11 @@ class FedAvg(ClientExchange, L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
-        self.val_acc.update(self.backbone(x).logits, y)
+        logits = self.backbone(x).logits
+        self.val_acc.update(logits, y)
+        domains = domain_accuracy_of(self.trainer)  # data with domains: per domain too
+        if domains is not None:
+            domains.update(logits, y, batch_idx)
 
     def on_validation_epoch_end(self) -> None:
         acc = self.val_acc.compute().item()
@@ -195,7 +200,11 @@ class FedAvg(ClientExchange, L.LightningModule):
         if self.trainer.state.fn == "fit":  # `fedrcl validate` reports the checkpoint's EMA (or none)
             self.update_acc_ema(acc)
         ema = {} if self.acc_ema is None else {"val/acc_ema": self.acc_ema}
+        domains = domain_accuracy_of(self.trainer)
+        per_domain = {} if domains is None else domains.compute(self.trainer.strategy)  # val/acc/<domain>
         self.log_dict({"val/acc": acc, **ema}, prog_bar=True)
+        if per_domain:
+            self.log_dict(per_domain)
 
     def update_acc_ema(self, acc: float) -> float:
         """Fold a round's test accuracy into ``val/acc_ema``: ``ema <- decay * ema + (1 - decay) * acc`` (the
@@ -210,6 +219,9 @@ class FedAvg(ClientExchange, L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self.log("test/acc", self.val_acc.compute().item())
         self.val_acc.reset()
+        domains = domain_accuracy_of(self.trainer)
+        if domains is not None:
+            self.log_dict(domains.compute(self.trainer.strategy, prefix="test/acc/"))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["acc_ema"] = self.acc_ema

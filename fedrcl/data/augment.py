@@ -9,6 +9,7 @@ without a Python loop over samples.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Optional
 
 import torch
@@ -87,7 +88,11 @@ def _random_theta(
     return torch.cat([linear, offset], dim=2)
 
 
-def augment_batch(images: Tensor, generator: Optional[torch.Generator], info: DatasetInfo, train: bool) -> Tensor:
+Shift = Callable[[Tensor, Optional[torch.Generator]], Tensor]
+
+
+def augment_batch(images: Tensor, generator: Optional[torch.Generator], info: DatasetInfo, train: bool,
+                  shift: Optional[Shift] = None) -> Tensor:
     """uint8 ``[B, H, W, C]`` -> normalised float32 ``[B, C, H, W]``, augmented if ``train``.
 
     With ``train=True`` every sample gets its own random rotation, uniform in
@@ -113,11 +118,14 @@ def augment_batch(images: Tensor, generator: Optional[torch.Generator], info: Da
     shifts and flips alone reproduce the shifted / flipped image up to float
     rounding.
 
-    With ``train=False`` this is :func:`to_normalized`.
+    With ``train=False`` this is :func:`to_normalized`. A ``shift`` (feature skew,
+    ``fedrcl.data.feature_skew.FeatureShift``) maps the batch in [0, 1] after the
+    warp and before normalisation, drawing from ``generator`` after the warp's draws.
     """
     _check(images, info)
     if not train:
-        return to_normalized(images, info)
+        return to_normalized(images, info) if shift is None else normalize(shift(to_unit_float(images), generator),
+                                                                           info)
     if generator is None:
         raise ValueError("augmenting (train=True) needs a generator on the images' device")
     if generator.device.type != images.device.type:
@@ -130,4 +138,4 @@ def augment_batch(images: Tensor, generator: Optional[torch.Generator], info: Da
     theta = _random_theta(b, h, w, generator, info, x.device)
     grid = F.affine_grid(theta, [b, x.shape[1], h, w], align_corners=False)
     x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    return normalize(x, info)
+    return normalize(x if shift is None else shift(x, generator), info)

@@ -1,6 +1,7 @@
 """FederatedDataModule: a dataset, its split into clients, and one round's batches served on the device."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal, Optional, get_args
@@ -12,13 +13,16 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from fedrcl.data.augment import augment_batch
-from fedrcl.data.datasets import dataset_info, load_dataset
+from fedrcl.data.datasets import DATASETS, DatasetInfo, ImageData, dataset_info, load_dataset
+from fedrcl.data.domains import DomainAccuracy, assign_domains, domain_partition
+from fedrcl.data.feature_skew import SEVERITIES, FeatureShift, make_shift
 from fedrcl.data.partition import dirichlet_partition, iid_partition, shard_partition
+from fedrcl.data.sources import OWN_DATASETS, own_data_shape, read_own_data
 from fedrcl.data.split_file import (SplitFile, authors_split_name, check_labels, check_split, label_fingerprint,
                                      read_split_file, write_split)
 from fedrcl.contract.plan import RoundPlan
 
-Partition = Literal["dirichlet", "dirichlet_unbalanced", "shards", "iid"]
+Partition = Literal["dirichlet", "dirichlet_unbalanced", "shards", "iid", "natural"]
 
 
 def stream_seed(*keys: int) -> int:
@@ -48,8 +52,12 @@ class FederatedDataModule(L.LightningDataModule):
 
     Args:
         dataset: one of ``cifar10``, ``cifar100``, ``tinyimagenet``, ``digits`` (scikit-learn's 8x8
-            digits, bundled, for offline runs).
-        root: folder holding ``<dataset>.npz`` (made on first use from the raw data found or downloaded here).
+            digits, bundled, for offline runs), or your own data at ``root`` (``fedrcl.data.sources``, docs/data.md):
+            ``npz`` (a file with ``x_train``, ``y_train``, ``x_test``, ``y_test``, optional ``classes``),
+            ``imagefolder`` (``DIR/train/<class>/*``, ``DIR/test/<class>/*``), ``domainfolder``
+            (``DIR/<domain>/<class>/*``: domain skew) or ``leaf`` (LEAF's JSON, ``DIR/train``, ``DIR/test``).
+        root: folder holding ``<dataset>.npz`` (made on first use from the raw data found or downloaded here);
+            for your own data the file or folder itself.
         download: download CIFAR through torchvision when the data is not in ``root``.
         num_clients: number of clients the train set is split into.
         partition: ``dirichlet`` (balanced Dirichlet label skew of the FedRCL code: equal client sizes),
@@ -86,6 +94,22 @@ class FederatedDataModule(L.LightningDataModule):
             round 1.40x); ``auto``: on when the data lives on the CPU (unless ``channels_last_breaks`` names a
             layer of the model), off on CUDA (not measured there). The same maths, rounded in another order; the
             weights keep their layout.
+        image_size: your own data's images resized to this side (antialiased bilinear, once at load); null: the
+            data's own size (square). Not for the named data sets.
+        hflip: random horizontal flips in ``augment``; null: the named data set's habit (not for digits), on for
+            your own data (turn it off for letters and digits).
+        test_fraction: the share of each domain's images per class held out as its test set (``domainfolder``,
+            which ships no test folders), seeded by ``seed``.
+        feature_skew: input shifts, one domain each (``fedrcl.data.feature_skew.SEVERITIES``' names: ``none``,
+            ``rotation``, ``colour_shift``, ``gaussian_noise``, ``shot_noise``, ``impulse_noise``, ``speckle_noise``,
+            ``gaussian_blur``, ``contrast``, ``brightness``, ``pixelate``); every client gets one domain (balanced,
+            seeded) and sees its data through that shift, on the device; the labels' split is unchanged. The test
+            set is evaluated under each shift (``val/acc/<shift>``) and ``val/acc`` is their mean. null: none.
+        feature_skew_severity: severity 1-5 of the shifts (CIFAR-10-C's scale).
+        domain_split: how clients get data with domains (``domainfolder``, or an ``npz`` with domain arrays):
+            ``one`` (each client one domain, its samples split by ``partition``) or ``dirichlet`` (each client's
+            mix of domains drawn from a balanced Dirichlet of ``domain_alpha``; ``partition`` then unused).
+        domain_alpha: Dirichlet concentration over domains for ``domain_split: dirichlet``.
     """
 
     def __init__(
@@ -105,9 +129,41 @@ class FederatedDataModule(L.LightningDataModule):
         augment: bool = True,
         views: int = 1,
         channels_last: Literal["auto", "on", "off"] = "auto",
+        image_size: Optional[int] = None,
+        hflip: Optional[bool] = None,
+        test_fraction: float = 0.2,
+        feature_skew: Optional[list[str]] = None,
+        feature_skew_severity: int = 3,
+        domain_split: Literal["one", "dirichlet"] = "one",
+        domain_alpha: float = 1.0,
     ):
         super().__init__()
-        self.info = dataset_info(dataset)
+        self.own_data = dataset in OWN_DATASETS
+        if not self.own_data:
+            dataset_info(dataset)  # an unknown name is named with the allowed ones
+            if image_size is not None and image_size != DATASETS[dataset].image_size:
+                raise ValueError(f"data.image_size resizes your own data (data.dataset {', '.join(OWN_DATASETS)}); "
+                                 f"{dataset} is {DATASETS[dataset].image_size} px, got {image_size}")
+        if not 0 < test_fraction < 1:
+            raise ValueError(f"data.test_fraction must be in (0, 1), got {test_fraction}")
+        if feature_skew is not None:
+            unknown = [k for k in feature_skew if k not in SEVERITIES]
+            if unknown or not feature_skew:
+                raise ValueError(f"data.feature_skew: {'unknown shift ' + repr(unknown[0]) if unknown else 'empty'}"
+                                 f"; allowed: {', '.join(SEVERITIES)}")
+        if not 1 <= feature_skew_severity <= 5:
+            raise ValueError(f"data.feature_skew_severity must be in 1..5, got {feature_skew_severity}")
+        if domain_split not in ("one", "dirichlet"):
+            raise ValueError(f"data.domain_split must be one or dirichlet, got {domain_split!r}")
+        if not domain_alpha > 0:
+            raise ValueError(f"data.domain_alpha must be > 0, got {domain_alpha}")
+        if feature_skew is not None and domain_split == "dirichlet":
+            raise ValueError("data.domain_split dirichlet mixes the domains of data that has them (domainfolder); "
+                             "feature-skew domains are one per client: set data.domain_split one")
+        self.image_size, self.hflip, self.test_fraction = image_size, hflip, test_fraction
+        self.feature_skew, self.feature_skew_severity = feature_skew, feature_skew_severity
+        self.domain_split, self.domain_alpha = domain_split, domain_alpha
+        self.info = self._static_info(dataset, root)
         for key, value in (("num_clients", num_clients), ("batch_size", batch_size), ("views", views),
                            ("eval_batch_size", eval_batch_size), ("shards_per_client", shards_per_client)):
             if value is not None and value < 1:
@@ -116,7 +172,7 @@ class FederatedDataModule(L.LightningDataModule):
             raise ValueError("data.batch_size may be null only with data.local_iters_per_epoch set")
         if local_iters_per_epoch is not None and local_iters_per_epoch < 1:
             raise ValueError(f"data.local_iters_per_epoch must be >= 1 or null, got {local_iters_per_epoch}")
-        if partition.startswith("dirichlet") and not alpha > 0:
+        if partition in ("dirichlet", "dirichlet_unbalanced") and not alpha > 0:
             raise ValueError(f"data.alpha must be > 0, got {alpha}")
         if channels_last not in ("auto", "on", "off"):
             raise ValueError(f"data.channels_last must be one of auto, on, off, got {channels_last!r}")
@@ -133,12 +189,29 @@ class FederatedDataModule(L.LightningDataModule):
         # Read now so that a malformed file stops the run before any data is loaded.
         self._file_split = None if partition_file is None else self._read_partition_file(partition_file)
         self.client_indices: list[Tensor] = []
+        self.domains: Optional[list[str]] = None  # the domains' names (data with domains, or feature skew)
+        self.client_domain: Optional[np.ndarray] = None  # each client's domain
+        self.shifts: Optional[list[FeatureShift]] = None  # each domain's input shift (feature skew)
+        self.domain_accuracy: Optional[DomainAccuracy] = None  # counts of the evaluation in progress
+        self._test_ranges: list[tuple[int, int, int]] = []  # (domain, start, end) of the test set per domain
+        self._eval_batch_domains: list[int] = []
         # The current round's plan, handed in by the round loop (``Federation.setup``).
         self.plan_source: Optional[Callable[[], RoundPlan]] = None
 
     @property
     def num_classes(self) -> int:
         return self.info.num_classes
+
+    def _static_info(self, dataset: str, root: str) -> DatasetInfo:
+        """The data set's facts: the registry's for a named one; for your own data its class count, channels and
+        size, read now (mean and std, 0.5 and 0.25 until the images are loaded, then the train set's own)."""
+        if not self.own_data:
+            info = dataset_info(dataset)
+            return info if self.hflip is None else dataclasses.replace(info, hflip=self.hflip)
+        num_classes, channels, size = own_data_shape(dataset, root, self.image_size)
+        return DatasetInfo(name=dataset, num_classes=num_classes, in_channels=channels, image_size=size,
+                           mean=(0.5,) * channels, std=(0.25,) * channels, crop_padding=max(1, size // 8),
+                           hflip=True if self.hflip is None else self.hflip, rotation=10.0)
 
     def _read_partition_file(self, path: str) -> SplitFile:
         named = authors_split_name(path)
@@ -170,14 +243,35 @@ class FederatedDataModule(L.LightningDataModule):
             labels = label_fingerprint(self.y_train.cpu().numpy(), parts, self.num_classes)
             write_split(Path(log_dir) / "split.json", parts, self.dataset, labels)
 
+    def _read(self) -> ImageData:
+        if not self.own_data:
+            return load_dataset(self.dataset, self.root, download=self.download)
+        data = read_own_data(self.dataset, self.root, self.image_size, self.seed, self.test_fraction)
+        x = data.x_train.to(torch.float64).div(255.0)
+        mean, std = x.mean(dim=(0, 1, 2)), x.std(dim=(0, 1, 2)).clamp_min(1e-3)
+        self.info = dataclasses.replace(self.info, mean=tuple(mean.tolist()), std=tuple(std.tolist()))
+        return data
+
     def _load_and_split(self) -> None:
-        data = load_dataset(self.dataset, self.root, download=self.download)
+        data = self._read()
+        if self.partition == "natural" and data.client_train is None:
+            raise ValueError(f"data.partition natural needs a natural client per sample (data.dataset leaf, or an "
+                             f"npz with 'client_train'); {self.dataset} at {self.root} has none")
+        parts = self.split(data.y_train) if self.partition != "natural" or self._file_split is not None \
+            else self._natural_split(data)
+        if self.partition == "natural" and data.client_test is not None:  # the chosen clients' own test parts
+            keep = torch.isin(data.client_test, torch.as_tensor(self._natural_clients))
+            data.x_test, data.y_test = data.x_test[keep], data.y_test[keep]
+        self._domains_of(data, parts)
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         self.x_train, self.y_train = data.x_train.to(device), data.y_train.to(device)
         self.x_test, self.y_test = data.x_test.to(device), data.y_test.to(device)
         self.classes = data.classes
         self._choose_memory_format(device)
-        self.client_indices = [torch.as_tensor(p, dtype=torch.long, device=device) for p in self.split(data.y_train)]
+        if self.shifts is not None:
+            self.shifts = [make_shift(s.kind, s.severity, self.info.in_channels, self.seed, d, device)
+                           for d, s in enumerate(self.shifts)]
+        self.client_indices = [torch.as_tensor(p, dtype=torch.long, device=device) for p in self._parts]
         smallest = min(range(self.num_clients), key=lambda k: len(self.client_indices[k]))
         if self.batch_size is None:
             assert self.local_iters_per_epoch is not None  # __init__: batch_size null needs local_iters_per_epoch
@@ -203,6 +297,61 @@ class FederatedDataModule(L.LightningDataModule):
                 rank_zero_info(f"data.channels_last auto: off, for {', '.join(breaks)} (1x1 strided convolutions "
                                f"with fewer than 8 input channels, whose CPU backward breaks in channels-last)")
 
+    def _natural_split(self, data: ImageData) -> list[np.ndarray]:
+        """A client per natural id (a LEAF user, an npz's ``client_train``): the ``num_clients`` with the most
+        training samples (ties: the smaller id)."""
+        assert data.client_train is not None
+        ids = data.client_train.numpy()
+        counts = np.bincount(ids)
+        present = np.flatnonzero(counts)
+        if self.num_clients > len(present):
+            raise ValueError(f"data.num_clients {self.num_clients} is more than the data's {len(present)} natural "
+                             f"clients (data.partition natural); set it to {len(present)} for all of them")
+        chosen = present[np.argsort(-counts[present], kind="stable")][:self.num_clients]
+        self._natural_clients = [int(c) for c in chosen]
+        return [np.flatnonzero(ids == c) for c in chosen]
+
+    def _domains_of(self, data: ImageData, parts: list[np.ndarray]) -> None:
+        """Domains, each client's domain and the test set's order by domain: from the data's domains (which may
+        re-split the clients, ``domain_split``) or from ``feature_skew``."""
+        self._parts = parts
+        n_test = len(data.y_test)
+        if self.feature_skew is not None:
+            names = [k if self.feature_skew.count(k) == 1 else f"{k}{i}" for i, k in enumerate(self.feature_skew)]
+            self.domains = names
+            self.client_domain = assign_domains(self.num_clients, len(names), self.seed)
+            self.shifts = [FeatureShift(k, self.feature_skew_severity) for k in self.feature_skew]
+            self._test_ranges = [(d, 0, n_test) for d in range(len(names))]
+        elif data.domains is not None and data.domain_train is not None and data.domain_test is not None:
+            self.domains = data.domains
+            if self._file_split is None and self.partition != "natural":
+                self._parts, self.client_domain = domain_partition(
+                    data.y_train.numpy(), data.domain_train.numpy(), len(data.domains), self.num_clients, self.seed,
+                    self._label_split, self.domain_split, self.domain_alpha)
+            order = torch.argsort(data.domain_test, stable=True)
+            data.x_test, data.y_test, data.domain_test = data.x_test[order], data.y_test[order], data.domain_test[order]
+            bounds = np.searchsorted(data.domain_test.numpy(), np.arange(len(data.domains) + 1))
+            self._test_ranges = [(d, int(bounds[d]), int(bounds[d + 1])) for d in range(len(data.domains))
+                                 if bounds[d + 1] > bounds[d]]
+        else:
+            self._test_ranges = [(0, 0, n_test)]
+        if self.domains is not None:
+            self.domain_accuracy = DomainAccuracy(self.domains, lambda i: self._eval_batch_domains[i])
+
+    def _label_split(self, labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
+        """The configured label partition of ``labels`` into ``num_clients`` (one domain's share)."""
+        if self.partition == "iid":
+            return iid_partition(labels, num_clients, seed=seed)
+        if self.partition == "shards":
+            return shard_partition(labels, num_clients, self.shards_per_client, seed=seed)
+        return dirichlet_partition(labels, num_clients, self.alpha, seed=seed, balanced=self.partition == "dirichlet")
+
+    def client_shift(self, client_id: int) -> Optional[FeatureShift]:
+        """The input shift of client ``client_id``'s domain (feature skew), else None."""
+        if self.shifts is None or self.client_domain is None:
+            return None
+        return self.shifts[int(self.client_domain[client_id])]
+
     def split(self, labels: Tensor) -> list[np.ndarray]:
         """One index array per client: read from ``partition_file``, or from the configured partition."""
         if self._file_split is not None:
@@ -212,19 +361,15 @@ class FederatedDataModule(L.LightningDataModule):
             if notice:
                 rank_zero_info(notice)
             return self._file_split.parts
-        y = labels.numpy()
-        if self.partition == "iid":
-            return iid_partition(y, self.num_clients, seed=self.seed)
-        if self.partition == "shards":
-            return shard_partition(y, self.num_clients, self.shards_per_client, seed=self.seed)
-        return dirichlet_partition(y, self.num_clients, self.alpha, seed=self.seed,
-                                   balanced=self.partition == "dirichlet")
+        return self._label_split(labels.numpy(), self.num_clients, self.seed)
 
     def model_input(self, images: Tensor, generator: Optional[torch.Generator] = None,
-                    train: bool = False) -> Tensor:
+                    train: bool = False, shift: Optional[FeatureShift] = None) -> Tensor:
         """uint8 images of this data set -> a batch of the models' input: normalised, augmented if ``train``
-        (``fedrcl.data.augment.augment_batch``, drawing from ``generator``), in the run's memory layout."""
-        return augment_batch(images, generator, self.info, train=train).contiguous(memory_format=self.memory_format)
+        (``fedrcl.data.augment.augment_batch``, drawing from ``generator``), shifted by a domain's ``shift``
+        (feature skew, drawing after the augmentation), in the run's memory layout."""
+        return augment_batch(images, generator, self.info, train=train, shift=shift).contiguous(
+            memory_format=self.memory_format)
 
     def client_num_samples(self, client_id: int) -> int:
         return len(self.client_indices[client_id])
@@ -249,17 +394,18 @@ class FederatedDataModule(L.LightningDataModule):
         gen = torch.Generator(device=device)
         gen.manual_seed(stream_seed(seed, round_idx, client_id))
         steps, batch_size = self.client_steps_per_epoch(client_id), self._batch_size()
+        shift = self.client_shift(client_id)
         for _ in range(local_epochs):
             needed = steps * batch_size if self.local_iters_per_epoch is not None else n
             order = torch.cat([torch.randperm(n, generator=gen, device=device) for _ in range(-(-needed // n))])
             order = indices[order[:needed]]
             for start in range(0, needed, batch_size):
                 idx = order[start:start + batch_size]
-                x = self.model_input(self.x_train[idx], gen, train=self.augment)
+                x = self.model_input(self.x_train[idx], gen, train=self.augment, shift=shift)
                 if self.views == 1:
                     yield x, self.y_train[idx]
                 else:
-                    more = [self.model_input(self.x_train[idx], gen, train=self.augment)
+                    more = [self.model_input(self.x_train[idx], gen, train=self.augment, shift=shift)
                             for _ in range(self.views - 1)]
                     yield torch.cat([x, *more]), self.y_train[idx].repeat(self.views)
 
@@ -274,6 +420,25 @@ class FederatedDataModule(L.LightningDataModule):
         for batches in zip(*streams, strict=True):
             xs, ys = zip(*batches)
             yield torch.stack(xs), torch.stack(ys)
+
+    def eval_generator(self, kind: int, key: int, start: int, device: torch.device) -> torch.Generator:
+        """A generator for a shift's noise outside training, the same at every evaluation: seeded by (data seed,
+        ``kind`` (0: the test set of domain ``key``; 1: client ``key``'s samples), the batch's ``start``)."""
+        gen = torch.Generator(device=device)
+        gen.manual_seed(stream_seed(self.seed, kind, key, start))
+        return gen
+
+    def eval_plan(self, rank: int = 0, world_size: int = 1) -> list[tuple[int, int, int]]:
+        """The ``(domain, start, end)`` test batches this process evaluates: each domain's test samples cut by
+        ``eval_slices`` (without domains: exactly ``eval_slices`` of the whole test set)."""
+        if len(self._test_ranges) == 1:
+            d, lo, hi = self._test_ranges[0]
+            return [(d, lo + a, lo + b) for a, b in eval_slices(hi - lo, self.eval_batch_size, rank, world_size)]
+        batches = [(d, lo + a, lo + b) for d, lo, hi in self._test_ranges
+                   for a, b in eval_slices(hi - lo, self.eval_batch_size)]
+        if len(batches) < world_size:
+            raise ValueError(f"the test set's {len(batches)} batches cannot be split over {world_size} processes")
+        return batches[rank * len(batches) // world_size:(rank + 1) * len(batches) // world_size]
 
     def train_dataloader(self) -> "RoundBatches":
         return RoundBatches(self)
@@ -292,6 +457,7 @@ class ClientSamples:
     def __init__(self, datamodule: FederatedDataModule, client_id: int):
         self._datamodule, self._indices = datamodule, datamodule.client_indices[client_id]
         self.num_classes = datamodule.num_classes
+        self._client_id = client_id
 
     @property
     def labels(self) -> Tensor:
@@ -303,9 +469,11 @@ class ClientSamples:
         dm, indices = self._datamodule, self._indices
         size = batch_size or dm.eval_batch_size
         trainer = dm.trainer
+        shift = dm.client_shift(self._client_id)
         for start in range(0, len(indices), size):
             idx = indices[start:start + size]
-            batch = (dm.model_input(dm.x_train[idx]), dm.y_train[idx])
+            gen = None if shift is None else dm.eval_generator(1, self._client_id, start, indices.device)
+            batch = (dm.model_input(dm.x_train[idx], gen, shift=shift), dm.y_train[idx])
             yield trainer.precision_plugin.convert_input(batch) if trainer is not None else batch
 
 
@@ -367,15 +535,21 @@ class EvalBatches:
     def __init__(self, datamodule: FederatedDataModule):
         self.datamodule = datamodule
 
-    def _slices(self) -> list[tuple[int, int]]:
+    def _slices(self) -> list[tuple[int, int, int]]:
         dm, trainer = self.datamodule, self.datamodule.trainer
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        return eval_slices(len(dm.y_test), dm.eval_batch_size, rank, world_size)
+        if not dm._test_ranges:  # not set up by ``setup`` (a test building the data module by hand)
+            dm._test_ranges = [(0, 0, len(dm.y_test))]
+        return dm.eval_plan(rank, world_size)
 
     def __len__(self) -> int:
         return len(self._slices())
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         dm = self.datamodule
-        for start, end in self._slices():
-            yield dm.model_input(dm.x_test[start:end]), dm.y_test[start:end]
+        plan = self._slices()
+        dm._eval_batch_domains = [d for d, _, _ in plan]  # read by ``DomainAccuracy`` per batch index
+        for d, start, end in plan:
+            shift = None if dm.shifts is None else dm.shifts[d]
+            gen = None if shift is None else dm.eval_generator(0, d, start, dm.x_test.device)
+            yield dm.model_input(dm.x_test[start:end], gen, shift=shift), dm.y_test[start:end]

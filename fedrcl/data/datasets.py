@@ -16,6 +16,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -83,13 +84,21 @@ def dataset_info(name: str) -> DatasetInfo:
 
 @dataclass
 class ImageData:
-    """A whole data set as CPU tensors (images uint8 NHWC, labels int64)."""
+    """A whole data set as CPU tensors (images uint8 NHWC, labels int64), with what a researcher's own data may
+    add (``fedrcl.data.sources``): a domain id per sample and the domains' names (domain skew), a natural client
+    id per sample (a writer, a LEAF user) and the clients' names."""
 
     x_train: Tensor
     y_train: Tensor
     x_test: Tensor
     y_test: Tensor
     classes: list[str]
+    domain_train: Optional[Tensor] = None
+    domain_test: Optional[Tensor] = None
+    domains: Optional[list[str]] = None
+    client_train: Optional[Tensor] = None
+    client_test: Optional[Tensor] = None
+    client_names: Optional[list[str]] = None
 
 
 _ARRAYS = ("x_train", "y_train", "x_test", "y_test", "classes")
