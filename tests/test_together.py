@@ -150,16 +150,15 @@ def test_resumes_seeds_at_different_rounds_and_starts_new_ones(data_root, tmp_pa
 @pytest.mark.parametrize("model,reason", [
     ("MOON", "seed 0: MOON keeps a previous local model per client"),
     ("FedNTD", "model FedNTD: seed 1's clients compute another loss part 'ntd'"),
-    ("SCAFFOLD", "seed 0: model SCAFFOLD overrides on_before_optimizer_step"),
+    ("step_methods.CountsLrPerStep", "seed 0: model CountsLrPerStep overrides on_before_optimizer_step"),
 ])
 def test_a_method_that_cannot_train_together_falls_back(data_root, tmp_path, capsys, model, reason):
     """MOON cannot be batched; FedNTD's clients get their seed's global model as teacher, which one stacked step
-    cannot give them; SCAFFOLD counts its lr in a per-step hook, which the stacked step does not call: one line
-    says so and the seeds train one after another, into the same folders (nothing was written by the
-    attempt)."""
-    config = ["--config", str(REPO / "configs" / "methods" / "scaffold.yaml")] if model == "SCAFFOLD" else []
-    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path, *config, rounds=1,
-                                                            model=f"fedrcl.algorithms.{model}")])
+    cannot give them; a method that counts its lr in a per-step Lightning hook, which the stacked step does not
+    call (SCAFFOLD did, before its lr sum came from its context): one line says so and the seeds train one after
+    another, into the same folders (nothing was written by the attempt)."""
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path, rounds=1,
+                                                            model=model if "." in model else f"fedrcl.algorithms.{model}")])
     out = capsys.readouterr().out
     assert f"fedrcl seeds: --together: {reason}" in out and "one after another instead" in out
     for seed in (0, 1):

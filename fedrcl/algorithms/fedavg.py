@@ -15,6 +15,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import functional_call, grad
 from torchmetrics.classification import MulticlassAccuracy
 
 from fedrcl.contract.context import ClientContext
@@ -25,6 +26,30 @@ from fedrcl.contract.protocols import ClientStack
 from fedrcl.models.output import ModelOutput
 
 Backbone = Callable[[int, int, int], nn.Module]
+Tensors = dict[str, Tensor]
+
+
+class LossAt(nn.Module):
+    """``algorithm.local_loss`` as a module call, so that ``functional_call`` can evaluate it at other backbone
+    weights (``FedAvg.loss_gradient``); the server's client term (``_params``) reads those weights too."""
+
+    def __init__(self, algorithm: FedAvg):
+        super().__init__()
+        self.algorithm = algorithm
+
+    def forward(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensors]:
+        algorithm = self.algorithm
+        saved = algorithm._params
+        algorithm._params = dict(algorithm.backbone.named_parameters())
+        try:
+            return algorithm.local_loss(x, y)
+        finally:
+            algorithm._params = saved
+
+
+def changes_step(algorithm: Any) -> bool:
+    """Whether ``algorithm`` overrides ``client_direction`` (its step is not the gradient of its loss)."""
+    return getattr(type(algorithm), "client_direction", None) is not FedAvg.client_direction
 
 
 class FedAvg(ClientExchange, L.LightningModule):
@@ -146,14 +171,39 @@ class FedAvg(ClientExchange, L.LightningModule):
             loss, parts["server"] = loss + server_term, server_term
         return loss, parts
 
+    def client_direction(self, params: Tensors, x: Tensor, y: Tensor) -> tuple[Tensors, Tensor, Tensors]:
+        """One client's local step direction at weights ``params`` (the backbone's parameters by name) on the batch
+        ``(x, y)``, with the batch's loss and its parts. The engine clips the direction per client
+        (``grad_clip_norm``), adds weight decay and momentum and steps by the client lr, as it does a gradient.
+
+        Default: the gradient of ``local_loss`` (``loss_gradient``). Override it to change the step itself (SAM:
+        the gradient at a perturbed point). Written for one client, with tensor operations only: every engine
+        (clients one after another, batched, seeds together) maps it, and reads per-client tensors from the
+        attributes named in ``client_tensors`` as ``client_loss`` does.
+        """
+        return self.loss_gradient(params, x, y)
+
+    def loss_gradient(self, params: Tensors, x: Tensor, y: Tensor) -> tuple[Tensors, Tensor, Tensors]:
+        """The gradient of ``local_loss`` at ``params`` (``torch.func.grad``, so mappable), the loss and its parts."""
+        at = LossAt(self)
+
+        def loss_of(p: Tensors) -> tuple[Tensor, tuple[Tensor, Tensors]]:
+            loss, parts = functional_call(at, {f"algorithm.backbone.{k}": v for k, v in p.items()}, (x, y))
+            return loss, (loss, parts)
+
+        grads, (loss, parts) = grad(loss_of, has_aux=True)(dict(params))
+        return grads, loss.detach(), {k: v.detach() for k, v in parts.items()}
+
     def on_train_epoch_start(self) -> None:
         self._round_loss_sums: dict[str, Tensor] = {}
         self._round_parts: Optional[tuple[str, ...]] = None  # the part names the sums hold, in order
         self._round_steps = 0
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Any:
         x, y = batch
         stacked = self.stack
+        if changes_step(self):
+            return self._direction_step(x, y)
         if stacked is None:
             loss, parts = self.local_loss(x, y)
         else:  # every client's step at once: losses [K]; their sum has each client's own gradient
@@ -162,6 +212,24 @@ class FedAvg(ClientExchange, L.LightningModule):
         self._add_round_losses(loss, parts)
         self._round_steps += 1 if stacked is None else len(stacked)
         return loss
+
+    def _direction_step(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        """A step of ``client_direction`` (one client, or every client of the stack): the directions are computed
+        outside autograd, and Lightning's backward, clipping and optimizer step run on ``sum <w, d>``, whose
+        gradient is exactly ``d``; ``local_loss`` is the step's real loss (the divergence check's)."""
+        stacked = self.stack
+        with torch.no_grad():
+            if stacked is None:
+                params = dict(self.backbone.named_parameters())
+                direction, loss, parts = self.client_direction(params, x, y)
+            else:
+                params = stacked.params
+                direction, losses, per_client = stacked.directions(x, y)
+                loss, parts = losses.sum(), {k: v.sum() for k, v in per_client.items()}
+        surrogate = torch.stack([(p * direction[name].to(p.dtype)).sum() for name, p in params.items()]).sum()
+        self._add_round_losses(loss, parts)
+        self._round_steps += 1 if stacked is None else len(stacked)
+        return {"loss": surrogate, "local_loss": loss.detach()}
 
     def _add_round_losses(self, loss: Tensor, parts: dict[str, Tensor]) -> None:
         """Add a step's loss and its parts to the round's sums (``loss``, ``loss_<part>``), on the device: they

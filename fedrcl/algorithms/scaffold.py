@@ -10,7 +10,8 @@ received and ``y_i`` the final weights (``fedrcl.losses.control_variate``):
     c_i+ = c_i - c + (x - y_i) / sum_k eta_k,   upload delta c_i = c_i+ - c_i (as well as y_i)
 
 The learning rate: ``eta_k`` is the lr the optimizer used at step k (the round's lr_decay and each local
-epoch's local_lr_decay included), and ``sum_k eta_k`` replaces the paper's ``K eta`` (its lr is constant;
+epoch's local_lr_decay included; summed at the client's start from its context's steps and local epochs, so no
+per-step hook is needed and the clients train batched and together), and ``sum_k eta_k`` replaces the paper's ``K eta`` (its lr is constant;
 FL-bench and PFLlib divide by K times the configured lr, PFLlib also when its scheduler has decayed the lr,
 which overstates the step once the lr decays). With plain SGD
 (momentum 0), ``(x - y_i) / sum_k eta_k`` is then exactly the lr-weighted mean of the K steps' directions,
@@ -79,9 +80,8 @@ class SCAFFOLD(PersistentClientState):
         self._correction = torch.cat([(control[n] if own is None else control[n] - own[n]).reshape(-1)
                                       for n in names])
         self._lr_sum = 0.0
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self._lr_sum += optimizer.param_groups[0]["lr"]  # a Python float: no device sync
+        for epoch in client.step_epochs():  # the lr of each step, summed in step order, as SGD applied them
+            self._lr_sum += float(self.client_lr(client.round_idx, epoch))
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)

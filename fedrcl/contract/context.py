@@ -51,6 +51,8 @@ class ClientContext:
         data: the client's own training data (``ClientData``), for its hooks (``on_client_start``,
             ``on_client_end``, ``extra_upload``); ``None`` on the server's side of Flower. A batched
             ``client_loss`` cannot read it: read it in ``on_client_start`` into a ``client_tensors`` tensor.
+        local_epochs: local epochs this round: local epoch ``e`` is steps ``e * num_steps // local_epochs`` on,
+            trained at the algorithm's ``client_lr(round_idx, e)`` (SCAFFOLD sums its lrs from these).
     """
 
     round_idx: int
@@ -61,3 +63,9 @@ class ClientContext:
     global_state: Mapping[str, Tensor]
     server: Optional[ClientServer] = None
     data: Optional[ClientData] = None
+    local_epochs: int = 1
+
+    def step_epochs(self) -> list[int]:
+        """The local epoch of each of the client's steps this round, in order."""
+        per_epoch = int(self.num_steps) // self.local_epochs
+        return [step // per_epoch for step in range(int(self.num_steps))]

@@ -11,6 +11,9 @@ several processes, Flower); a method overrides the ones it needs. Each thing sen
   the algorithm by ``receive_upload(client, upload)``, in the round's sampled order, before the server step;
   a method whose server half needs only the client's facts (FedDyn: its sample count) overrides
   ``receive_upload`` alone;
+- ``begin_server_round(round_idx, global_state)`` runs on the server's copy when a round begins, before any
+  client's downlink is computed: it sees the round's global weights (FedCM's global update is the difference
+  from the last round's);
 - ``end_server_round(reduce)`` runs on the server's copy after the server step (``reduce`` sums a tensor over
   processes, or is ``None``).
 
@@ -42,6 +45,9 @@ class ClientExchange:
     """
 
     server_half: ClassVar[Optional[tuple[type, str]]] = None
+
+    def begin_server_round(self, round_idx: int, global_state: Tensors) -> None:
+        """The server's copy begins round ``round_idx`` from ``global_state`` (read-only), before any downlink."""
 
     def extra_download(self, client: ClientContext) -> Tensors:
         """Sent to ``client`` besides the weights (counted in the byte ledger)."""
@@ -77,7 +83,7 @@ PAIRS: dict[type, dict[str, str]] = {
     ClientExchange: {"extra_download": "load_download", "extra_upload": "receive_upload"},
     ServerExchange: {"extra_broadcast": "load_broadcast"},
 }
-HOOKS = ("extra_download", "load_download", "extra_upload", "receive_upload", "end_server_round",
+HOOKS = ("begin_server_round", "extra_download", "load_download", "extra_upload", "receive_upload", "end_server_round",
          "extra_broadcast", "load_broadcast")
 
 

@@ -73,8 +73,9 @@ class LocalLoss(nn.Module):
         self.algorithm = algorithm
 
     def forward(self, client_tensors: dict[str, Tensor], facts: dict[str, Tensor], x: Tensor, y: Tensor,
-                global_state: Optional[dict[str, Tensor]] = None) -> tuple[Tensor, dict[str, Tensor]]:
-        """``global_state``: the slice's own broadcast weights where they differ between slices (seeds
+                global_state: Optional[dict[str, Tensor]] = None, direction: bool = False) -> Any:
+        """The slice's ``(loss, parts)``, or with ``direction`` its ``client_direction`` ``(direction, loss,
+        parts)``. ``global_state``: the slice's own broadcast weights where they differ between slices (seeds
         together, ``fedrcl.federated.client_step``); ``None``: the client's."""
         algorithm = self.algorithm
         assert algorithm.client is not None, "the clients were started (StackedClients)"
@@ -88,6 +89,8 @@ class LocalLoss(nn.Module):
         for name, value in bound.items():
             setattr(algorithm, name, value)
         try:
+            if direction:
+                return algorithm.client_direction(dict(algorithm.backbone.named_parameters()), x, y)
             return algorithm.local_loss(x, y)
         finally:
             for name, value in saved.items():
@@ -111,7 +114,7 @@ class ClientBatching:
         self.mode, self.compile = mode, compile
         self._noticed: set[str] = set()
         self._module: Optional[LocalLoss] = None
-        self._losses: Optional[Callable[..., tuple[Tensor, dict[str, Tensor]]]] = None
+        self._mapped: dict[bool, Callable[..., Any]] = {}  # direction or not -> the mapped call
         self._low: Optional[torch.dtype] = None
         self.compile_seconds: Optional[float] = None
         self.checked = False  # the attributes on_client_start sets per client (``StackedClients``)
@@ -133,10 +136,11 @@ class ClientBatching:
         return False
 
     def losses(self, pl_module: fedrcl.algorithms.fedavg.FedAvg, params: dict[str, Tensor],
-               client_tensors: dict[str, Tensor], facts: dict[str, Tensor], x: Tensor, y: Tensor
-               ) -> tuple[Tensor, dict[str, Tensor]]:
+               client_tensors: dict[str, Tensor], facts: dict[str, Tensor], x: Tensor, y: Tensor,
+               direction: bool = False) -> Any:
         """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weight slices, tensors and
-        facts (``[k]``).
+        facts (``[k]``): losses ``[K]`` and parts; with ``direction`` each client's ``client_direction`` (directions
+        ``[K, ...]`` in the weights' dtype, losses, parts).
 
         Under Lightning's mixed precision (``bf16-mixed``, ``16-mixed``) the weights and images enter the
         mapped call in the autocast dtype: autocast does not reach inside ``vmap`` (torch 2.14, CPU checked),
@@ -146,23 +150,28 @@ class ClientBatching:
         device_type = x.device.type
         low = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
         if self._module is None or self._module.algorithm is not pl_module or self._low != low:
-            self._module, self._low = LocalLoss(pl_module), low
+            self._module, self._low, self._mapped = LocalLoss(pl_module), low, {}
+        if direction not in self._mapped:
             module = self._module
 
             def one_client(p: dict[str, Tensor], c: dict[str, Tensor], f: dict[str, Tensor], xb: Tensor,
-                           yb: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+                           yb: Tensor) -> Any:
+                dtypes = {name.removeprefix("algorithm.backbone."): w.dtype for name, w in p.items()}
                 if low is not None:
                     p, xb = {name: w.to(low) for name, w in p.items()}, xb.to(low)
-                return functional_call(module, p, (c, f, xb, yb))
+                if not direction:
+                    return functional_call(module, p, (c, f, xb, yb))
+                d, loss, parts = functional_call(module, p, (c, f, xb, yb), {"direction": True})
+                return {name: g.to(dtypes[name]) for name, g in d.items()}, loss, parts
 
-            self._losses = vmap(one_client, randomness="error")
-            if self.compile:
-                self._losses = torch.compile(self._losses, **compile_options(x.device))
+            mapped: Callable[..., Any] = vmap(one_client, randomness="error")
+            self._mapped[direction] = torch.compile(mapped, **compile_options(x.device)) if self.compile else mapped
         prefixed = {f"algorithm.backbone.{name}": p for name, p in params.items()}
         first = self.compile and self.compile_seconds is None
         start = time.perf_counter()
-        assert self._losses is not None  # built above
-        out = self._losses(prefixed, client_tensors, facts, x, y)
+        out = self._mapped[direction](prefixed, client_tensors, facts, x, y)
+        if direction:  # the directions by the backbone's names
+            out = ({name.removeprefix("algorithm.backbone."): d for name, d in out[0].items()}, *out[1:])
         if first:  # the first call compiles (a one-off host sync to time it)
             if x.device.type == "cuda":
                 torch.cuda.synchronize(x.device)
@@ -342,15 +351,18 @@ class StackedClients:
     def __len__(self) -> int:
         return len(self.runs)
 
-    def losses(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Per-client losses ``[K]`` and loss parts (each ``[K]``) of one stacked batch; the round's first call
-        also refuses a loss that cannot run mapped or that stores something on the algorithm."""
+    def losses(self, x: Tensor, y: Tensor, direction: bool = False) -> Any:
+        """Per-client losses ``[K]`` and loss parts (each ``[K]``) of one stacked batch (with ``direction``: each
+        client's ``client_direction`` first, ``[K, ...]``); the round's first call also refuses a loss that cannot
+        run mapped or that stores something on the algorithm."""
         if self._checked:
-            return self.batching.losses(self.pl_module, self.params, self.client_tensors, self.facts, x, y)
+            return self.batching.losses(self.pl_module, self.params, self.client_tensors, self.facts, x, y,
+                                        direction)
         name = type(self.pl_module).__name__
         before = dict(vars(self.pl_module))
         try:
-            out = self.batching.losses(self.pl_module, self.params, self.client_tensors, self.facts, x, y)
+            out = self.batching.losses(self.pl_module, self.params, self.client_tensors, self.facts, x, y,
+                                       direction)
         except RuntimeError as error:
             if "vmap" not in str(error):
                 raise
@@ -360,6 +372,12 @@ class StackedClients:
                 "arithmetic, or set unbatchable_reason, or trainer.client_batching off") from error
         refuse_stored_attributes(self.pl_module, before)
         self._checked = True
+        return out
+
+    def directions(self, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
+        """Each client's ``client_direction`` on its batch of the stacked one: directions ``[K, ...]``, losses
+        ``[K]``, parts."""
+        out: tuple[dict[str, Tensor], Tensor, dict[str, Tensor]] = self.losses(x, y, direction=True)
         return out
 
     def clip_grad_norm_(self, max_norm: float) -> None:

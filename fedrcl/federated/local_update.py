@@ -93,11 +93,13 @@ class LocalUpdate:
                     run.set_lr([optimizer], slot.local_epoch)
 
                 def closure() -> Tensor:
-                    loss = trainer.strategy.training_step(batch, batch_idx)
+                    out = trainer.strategy.training_step(batch, batch_idx)
+                    # the loss, or (a client_direction step) the surrogate to backpropagate and the real loss
+                    loss, real = (out["loss"], out["local_loss"]) if isinstance(out, dict) else (out, out)
                     assert isinstance(loss, Tensor)  # FedAvg.training_step returns the loss
                     optimizer.zero_grad()
                     trainer.strategy.backward(loss, optimizer)
-                    run.add_loss(loss)
+                    run.add_loss(real)
                     return loss
 
                 trainer.strategy.optimizer_step(optimizer, closure)

@@ -1,0 +1,131 @@
+"""The client-step hook (``FedAvg.client_direction``): a step that is not the gradient of the loss, written for one
+client and mapped by every engine (clients one after another, batched clients, seeds together), with the engine's
+lr, weight decay, momentum and clipping; and server state that changes when a round begins
+(``begin_server_round``, ``extra_download``) giving seeds together each seed's own fit."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import run_cli
+from fedrcl import seeds
+from test_together import args, last, relative_difference
+
+FLOAT64 = ("--trainer.precision", "64-true")
+
+
+def test_sam_direction_is_the_gradient_at_the_perturbed_point(monkeypatch):
+    """``SharpnessAware.client_direction`` (torch.func inside) equals the plain autograd computation of SAM's step
+    (float64): ``g = grad L(w)``, ``w' = w + rho g / ||g||``, direction ``grad L(w')``, loss ``L(w)``."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+    from step_methods import SharpnessAware
+
+    from fedrcl.contract.context import ClientContext
+    from fedrcl.models import SmallCNN
+    from fedrcl.server import FedAvg as FedAvgServer
+
+    torch.manual_seed(0)
+    model = SharpnessAware(rho=0.3, backbone=lambda c, i, s: SmallCNN(c, i, s, conv_padding=2), num_classes=10,
+                           in_channels=1, image_size=8).double()
+    monkeypatch.setattr(SharpnessAware, "trainer", property(
+        lambda self: SimpleNamespace(federation=SimpleNamespace(server=FedAvgServer()))))
+    sent = {k: v.detach().clone() for k, v in model.backbone.state_dict().items()}
+    model.client, model._params = ClientContext(0, 0, 10, 1, 0, sent), dict(model.backbone.named_parameters())
+    x, y = torch.randn(12, 1, 8, 8, dtype=torch.float64), torch.randint(0, 10, (12,))
+    params = dict(model.backbone.named_parameters())
+    direction, loss, parts = model.client_direction(params, x, y)
+
+    names, weights = list(params), [p.detach().clone().requires_grad_() for p in params.values()]
+
+    def ce_at(ws):
+        out = torch.func.functional_call(model.backbone, dict(zip(names, ws)), (x,))
+        return F.cross_entropy(out.logits, y)
+
+    reference_loss = ce_at(weights)
+    g = torch.autograd.grad(reference_loss, weights)
+    norm = torch.sqrt(sum((t ** 2).sum() for t in g))
+    perturbed = [(w + 0.3 * t / norm).detach().requires_grad_() for w, t in zip(weights, g)]
+    g2 = torch.autograd.grad(ce_at(perturbed), perturbed)
+    assert float(loss) == pytest.approx(float(reference_loss), rel=1e-12)
+    assert float(parts["ce"]) == pytest.approx(float(reference_loss), rel=1e-12)
+    for name, expected in zip(names, g2):
+        torch.testing.assert_close(direction[name], expected, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(direction["fc.weight"], g[names.index("fc.weight")])  # SAM's step is not SGD's
+
+
+def weights(cli) -> dict:
+    return {k: v.detach().clone() for k, v in cli.model.backbone.state_dict().items()}
+
+
+def test_hook_path_equals_the_loss_path(data_root, tmp_path):
+    """A step through ``client_direction`` with the default direction equals the plain loss's step: clients one
+    after another and batched, float64, momentum and clipping on (1e-12)."""
+    common = (*FLOAT64, "--data.local_iters_per_epoch", "3", "--model.init_args.momentum", "0.5",
+              "--model.init_args.grad_clip_norm", "0.5")
+    plain = run_cli(data_root, tmp_path / "plain", *common, model="fedrcl.algorithms.FedAvg")
+    plain.trainer.fit(plain.model, plain.datamodule)
+    for batching in ("off", "on"):
+        hook = run_cli(data_root, tmp_path / batching, *common, "--trainer.client_batching", batching,
+                       model="step_methods.GradientThroughHook")
+        hook.trainer.fit(hook.model, hook.datamodule)
+        assert hook.trainer.global_step == plain.trainer.global_step
+        assert relative_difference(weights(hook), weights(plain)) <= 1e-12, batching
+
+
+def test_sam_step_agrees_on_every_engine(data_root, tmp_path, capsys):
+    """The SAM-style step gives the same weights sequentially, batched and with seeds together (seed 0 beside seed
+    1, no fallback), float64, within 1e-9; and differs from FedAvg's."""
+    common = (*FLOAT64, "--data.local_iters_per_epoch", "3", "--model.init_args.rho", "0.1")
+    sequential = run_cli(data_root, tmp_path / "seq", *common, model="step_methods.SharpnessAware")
+    sequential.trainer.fit(sequential.model, sequential.datamodule)
+    batched = run_cli(data_root, tmp_path / "batched", *common, "--trainer.client_batching", "on",
+                      model="step_methods.SharpnessAware")
+    batched.trainer.fit(batched.model, batched.datamodule)
+    assert relative_difference(weights(batched), weights(sequential)) <= 1e-9
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "together", *FLOAT64,
+                "--model.init_args.rho", "0.1", rounds=2, model="step_methods.SharpnessAware")])
+    assert "--together:" not in capsys.readouterr().out  # trained together
+    seeds.main(["--seeds", "0", *args(data_root, tmp_path / "alone", *FLOAT64, "--model.init_args.rho", "0.1",
+                                      rounds=2, model="step_methods.SharpnessAware")])
+    together, alone = last(tmp_path / "together", 0), last(tmp_path / "alone", 0)
+    assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-9
+    sgd = run_cli(data_root, tmp_path / "sgd", *common[:-2], model="fedrcl.algorithms.FedAvg")
+    sgd.trainer.fit(sgd.model, sgd.datamodule)
+    assert relative_difference(weights(sgd), weights(sequential)) > 1e-6
+
+
+def test_scaffold_trains_together_as_its_fit(data_root, tmp_path, capsys):
+    """SCAFFOLD's lr sum comes from its context (no per-step hook), so its seeds train together (no fallback),
+    each equal to its own fit (float64, 1e-9)."""
+    from conftest import REPO
+
+    scaffold = ("--config", str(REPO / "configs" / "methods" / "scaffold.yaml"), *FLOAT64)
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "together", rounds=3),
+                *scaffold])
+    out = capsys.readouterr().out
+    assert "--together:" not in out, out
+    seeds.main(["--seeds", "0", "1", *args(data_root, tmp_path / "alone", rounds=3), *scaffold])
+    for seed in (0, 1):
+        together, alone = last(tmp_path / "together", seed), last(tmp_path / "alone", seed)
+        assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-9, seed
+
+
+@pytest.mark.parametrize("name,parts", [("DownloadMemory", False), ("BeginMemory", False),
+                                        ("DownloadMemoryShared", True), ("BeginMemoryShared", True)])
+def test_server_state_at_round_start_together_equals_fit(data_root, tmp_path, capsys, name, parts):
+    """A server copy that changes state when a round begins (``begin_server_round``) or is configured
+    (``extra_download``): seed 0 trained beside seed 1 ends with its own fit's weights (float64, 1e-9), whether the
+    seeds stay together or part (from round 2, each going on alone from a checkpoint of the state before that round
+    began: it was written a round ahead, 0.16 apart)."""
+    model = f"step_methods.{name}"
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "together", *FLOAT64, rounds=4,
+                                                          model=model)])
+    out = capsys.readouterr().out
+    assert ("each seed goes on alone" in out) == parts, out
+    seeds.main(["--seeds", "0", *args(data_root, tmp_path / "alone", *FLOAT64, rounds=4, model=model)])
+    version = 1 if parts else 0  # parted: each seed went on alone in a new version of its run folder
+    together, alone = last(tmp_path / "together", 0, version=version), last(tmp_path / "alone", 0)
+    assert together["epoch"] == alone["epoch"] == 3
+    assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-9
