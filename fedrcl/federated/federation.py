@@ -212,7 +212,8 @@ class Federation(L.Callback):
                            batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
         slot = plan.locate(batch_idx)
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        # A step of ``client_direction`` returns the step's real loss beside the surrogate Lightning backpropagates
+        loss = outputs.get("local_loss", outputs.get("loss")) if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor):  # summed on the device; checked once per client, at its end
             self._runs[0].add_loss(loss)  # batched: the stack's summed loss, checked with each of its clients
         if plan.batched:  # one step of every client: Lightning's global_step counts client steps everywhere

@@ -8,8 +8,9 @@ strategy (``fedrcl.flower.strategy``).
 
 A round has phases, as Flower's configure / aggregate, on every backend:
 
-1. **begin** ``ServerRound(...)``: ``sent = server.broadcast(global_state)`` (FedACG: the look-ahead); the
-   ledger's round begins;
+1. **begin** ``ServerRound(...)``: the algorithm's ``begin_server_round(round_idx, global_state)`` (its
+   server copy sees the round's global weights before any downlink), then ``sent = server.broadcast(
+   global_state)`` (FedACG: the look-ahead); the ledger's round begins;
 2. **configure** ``configure(plan)``: every client's facts (``client_context``: its id, sample count and
    steps from the ``RoundPlan``) and its downlink: ``sent``, the server's ``extra_broadcast`` and the
    algorithm's ``extra_download`` (``fedrcl.contract.exchange``), copied, so fixed: what clients receive
@@ -81,7 +82,7 @@ def client_context(plan: RoundPlan, position: int, global_state: Tensors, server
     the client's own data, where the client trains."""
     return ClientContext(round_idx=plan.round_idx, client_id=plan.client_ids[position],
                          num_samples=plan.num_samples[position], num_steps=plan.steps[position], seed=plan.seed,
-                         global_state=global_state, server=server, data=data)
+                         global_state=global_state, server=server, data=data, local_epochs=plan.local_epochs)
 
 
 def freeze(tensors: Tensors, copies: dict[int, Tensor]) -> dict[str, Tensor]:
@@ -112,6 +113,7 @@ class ServerRound:
                  vote: Optional[Callable[[bool], bool]] = None, privacy: Optional[DPFedAvg] = None):
         self.server, self.algorithm, self.round_idx = server, algorithm, round_idx
         self.global_state = dict(global_state)
+        algorithm.begin_server_round(round_idx, self.global_state)
         self.sent: Tensors = server.broadcast(self.global_state)
         self.ledger, self.reduce, self.vote = ledger, reduce, vote
         if ledger is not None:

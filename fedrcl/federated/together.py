@@ -27,6 +27,7 @@ hook per step), several devices.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import signal
@@ -103,6 +104,14 @@ class SeedRun:
 
     def timer(self) -> Optional[Timer]:
         return next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+
+
+def checkpointed_state(run: SeedRun) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What seed ``run``'s checkpoint holds besides its weights and its loop's counts, copied: the method's own
+    entries (``on_save_checkpoint``) and the server optimizer's state."""
+    extras: dict[str, Any] = {}
+    run.module.on_save_checkpoint(extras)
+    return copy.deepcopy(extras), copy.deepcopy(run.trainer.federation.server.state_dict())
 
 
 def static_reason(run: SeedRun) -> Optional[str]:
@@ -207,6 +216,7 @@ class Cohort:
             if not active:
                 break
             started = time.perf_counter()
+            before = {run.seed: checkpointed_state(run) for run in active}
             try:
                 rounds, stacked = self._begin(active)
             except BaseException:
@@ -221,7 +231,8 @@ class Cohort:
                 if not self._checked:  # before anything was written
                     self.abandon()
                     raise
-                raise NotTogether(f"from round {rounds[0].round_idx + 1}: {reason}", self._part(active, rounds))
+                raise NotTogether(f"from round {rounds[0].round_idx + 1}: {reason}",
+                                  self._part(active, rounds, before))
             if not self._checked:
                 self._checked = True
                 self._open(active)
@@ -231,12 +242,18 @@ class Cohort:
                 break
         self._close()
 
-    def _part(self, active: list[SeedRun], rounds: list[ServerRound]) -> list[int]:
+    def _part(self, active: list[SeedRun], rounds: list[ServerRound],
+              before: dict[int, tuple[dict[str, Any], dict[str, Any]]]) -> list[int]:
         """Before the round of ``rounds`` trained: every seed's global model put back (its clients had the
-        broadcast weights), its last round done checkpointed, its logs closed; returns the seeds with rounds
-        left, to go on alone."""
+        broadcast weights) and what its checkpoint holds put back as it was before the round began (``before``:
+        a server copy that changed state when the round began or was configured would otherwise be checkpointed
+        a round ahead), its last round done checkpointed, its logs closed; returns the seeds with rounds left,
+        to go on alone."""
         for run, server_round in zip(active, rounds):
             load_state_(run.module.backbone, server_round.global_state)
+            extras, server_state = before[run.seed]
+            run.module.on_load_checkpoint(extras)
+            run.trainer.federation.server.load_state_dict(server_state)
         for run in self.seeds:
             if run.next_round > 0:
                 self._checkpoint_now(run)
