@@ -121,8 +121,21 @@ def main(args: list[str] | None = None) -> None:
     ``FEDRCL_DEBUG=1``; a run stopped by a signal (``Preempted``: SIGTERM, Ctrl-C) in one line saying how to
     resume it, with exit status 128 + the signal. A torch and torchvision that cannot work together
     (``fedrcl.torch_builds``) are one line naming both and the pip line that fixes them: an error before any
-    subcommand runs, a warning beside ``--help``.
+    subcommand runs, a warning beside ``--help``. Output to a closed pipe ends quietly, to a full device in one
+    line and exit status 1 (``fedrcl.output``), ``--help`` included.
     """
+    from fedrcl.output import ended_output, quiet_when_closed
+
+    quiet_when_closed()  # ``fedrcl fit --help | head -1``: the method list is printed before LightningCLI runs
+    try:
+        _main(args)
+    except SystemExit as stop:
+        ended_output(stop.code)
+        raise
+    ended_output()
+
+
+def _main(args: list[str] | None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
     # A user's own method or server in the current folder (``--model my_method.MyMethod``), as ``python -m``
     # would find it; appended, so it never shadows an installed module.
@@ -154,9 +167,6 @@ def run_subcommand(argv: list[str], args: list[str] | None) -> None:
     """``fedrcl <argv>`` for a known subcommand: ``OTHER_SUBCOMMANDS`` in their module, the rest in
     LightningCLI (``args``: as given to ``main``, ``None`` for the command line)."""
     if argv[0] in OTHER_SUBCOMMANDS:
-        from fedrcl.output import quiet_when_closed
-
-        quiet_when_closed()  # ``fedrcl seeds ... | head``: a closed pipe silences the parent, never its seeds
         import_module(OTHER_SUBCOMMANDS[argv[0]][0]).main(argv[1:])
         return
     if "-h" in argv or "--help" in argv:  # what a run can pick comes first, before Lightning has loaded

@@ -44,6 +44,7 @@ EVALUATIONS = ("validate", "test")
 # ``FederatedTrainer``): parsed, so that saved configs (``optimizer: null``, ``barebones: false``) still load,
 # and left out of ``--help``, which offers only what can work.
 HIDDEN_KEYS = ("optimizer", "optimizer.help", "lr_scheduler", "lr_scheduler.help", "trainer.barebones")
+SEED_KEYS = ("seed_everything", "trainer.seed", "data.seed")
 KNOWN_SUBCLASSES = ", known subclasses: "  # how jsonargparse's --help ends a class argument's choices
 
 
@@ -300,10 +301,15 @@ class FedRCLCLI(LightningCLI):
         if args is None or isinstance(args, list):
             check_typed_yaml(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
-        # LightningCLI reads ckpt_path next (for hyperparameters): refuse a URL, name an empty, truncated or
-        # non-finite file first; a file:// or fsspec-cached local file is read as that file.
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
+        for key in SEED_KEYS:
+            seed = config.get(key)
+            if type(seed) is int and not 0 <= seed < 2**32:  # before LightningCLI seeds (numpy's error)
+                raise ValueError(f"{key}: a seed must be 0 <= seed < 2**32 (numpy's and torch's generators take no "
+                                 f"other), got {seed}")
+        # LightningCLI reads ckpt_path next (for hyperparameters): refuse a URL, name an empty, truncated or
+        # non-finite file first; a file:// or fsspec-cached local file is read as that file.
         if config.get("weights_only") is False:
             print("fedrcl: --weights_only false is ignored: checkpoints are always read with weights_only=True "
                   "(a pickle can run code when it is loaded)", file=sys.stderr, flush=True)

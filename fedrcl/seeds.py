@@ -45,6 +45,7 @@ import yaml
 __all__ = ["fit_args_for_seed", "main", "progress_line", "resolved_config", "run_name", "seeds_left"]
 
 DEFAULT_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"
+SEED_LIMIT = 2**32  # seeds are 0 <= seed < 2**32 (numpy's SeedSequence-free generators, Lightning's seed_everything)
 
 
 def resolved_config(fit_args: list[str]) -> dict[str, Any]:
@@ -324,6 +325,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     args, fit_args = parser.parse_known_args(argv)
     # LightningCLI warns when given args while sys.argv holds others: here that is the point.
     warnings.filterwarnings("ignore", message=".*LightningCLI's args parameter.*")
+    outside = [seed for seed in args.seeds if not 0 <= seed < SEED_LIMIT]
+    if outside:
+        parser.error(f"--seeds {outside[0]}: a seed must be 0 <= seed < 2**32 (numpy's and torch's "
+                     "generators take no other)")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds has repeated seeds: {args.seeds}")
     if args.parallel < 1:

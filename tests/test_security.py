@@ -229,3 +229,47 @@ def test_check_says_a_backend_timed_out(data_root, tmp_path, monkeypatch, capsys
     out = capsys.readouterr().out
     assert info.value.code == 1
     assert "| sequential |" in out and "|  | timed out after 3 s (--timeout) |" in out, out
+
+
+@pytest.mark.parametrize("given", [["-1"], ["0", "-5"], ["4294967296"]])
+def test_seeds_outside_numpys_bounds_are_refused_in_one_line(given, capsys):
+    from fedrcl import seeds
+
+    with pytest.raises(SystemExit) as info:
+        seeds.main(["--seeds", *given, "--config", str(REPO / "configs" / "quickstart.yaml")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert f"fedrcl seeds: error: --seeds {given[-1]}: a seed must be 0 <= seed < 2**32" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 2, err  # argparse's usage line and this
+
+
+@pytest.mark.parametrize("key, seed", [("seed_everything", "-1"), ("trainer.seed", "4294967296"), ("data.seed", "-1")])
+def test_a_fit_seed_outside_numpys_bounds_is_refused(key, seed, data_root, tmp_path):
+    code, err = fedrcl_main("fit", *QUICK, *FIT_QUICK, "--data.root", str(data_root),
+                            "--trainer.logger.init_args.save_dir", str(tmp_path), f"--{key}", seed)
+    assert code == 1
+    one_line(err, f"fedrcl: error: {key}: a seed must be 0 <= seed < 2**32 (numpy's and torch's generators take no "
+                  f"other), got {seed}")
+
+
+def shell(command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f"set -o pipefail; {command}"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+
+
+@pytest.mark.parametrize("command", ["fedrcl fit --help | head -1", "fedrcl methods | head -1",
+                                     "fedrcl --help | head -1"])
+def test_a_closed_pipe_ends_quietly(command):
+    done = shell(command)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert len(done.stdout.splitlines()) == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("command", ["fedrcl methods > /dev/full", "fedrcl --help > /dev/full",
+                                     "fedrcl fit --help > /dev/full"])
+def test_a_full_device_ends_in_one_line(command):
+    done = shell(command)
+    assert done.returncode == 1
+    assert done.stderr == "fedrcl: error: standard output: No space left on device (what was written there is " \
+                          "incomplete)\n", done.stderr
