@@ -11,7 +11,10 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from conftest import REPO, run_cli
+from fedrcl.algorithms import FedRCL, FedSAM
+from fedrcl.losses.client_momentum import global_update_direction, momentum_direction
 from fedrcl.losses.normalized_averaging import effective_mean, normalized_model, update_norm
+from fedrcl.losses.sharpness import asam_scale, sam_perturbation
 from fedrcl.server import FedAdam, FedAvg, FedAvgM, SCAFFOLD
 from fedrcl.server import FedACG, FedNova as FedNovaServer
 
@@ -103,24 +106,27 @@ def test_fednova_refuses_a_base_it_cannot_normalise(base):
 # -- one round of fedrcl fit against a plain-loop reference ----------------------------------------------------
 @pytest.fixture
 def round_seen(monkeypatch):
-    """Every local step's batch, by client in training order, and each client's received weights and sample count,
-    captured at ``training_step`` (clients one after another)."""
+    """Every local step's batch, by (round, client) in training order, and each client's received weights and
+    sample count, captured at ``training_step`` (clients one after another)."""
     from fedrcl.algorithms import FedAvg as FedAvgClient
 
-    seen: dict[int, dict] = {}
+    seen: dict[tuple[int, int], dict] = {}
     original = FedAvgClient.training_step
 
     def training_step(self, batch, batch_idx):
         client = self.client
-        entry = seen.setdefault(client.client_id, {"batches": [], "num_samples": client.num_samples,
-                                                   "num_steps": client.num_steps,
-                                                   "sent": {k: v.detach().clone() for k, v in
-                                                            client.global_state.items()}})
+        entry = seen.setdefault((client.round_idx, client.client_id), {
+            "batches": [], "num_samples": client.num_samples, "num_steps": client.num_steps,
+            "sent": {k: v.detach().clone() for k, v in client.global_state.items()}})
         entry["batches"].append((batch[0].detach().clone(), batch[1].detach().clone()))
         return original(self, batch, batch_idx)
 
     monkeypatch.setattr(FedAvgClient, "training_step", training_step)
     return seen
+
+
+def clients_of(seen: dict, round_idx: int) -> list[dict]:
+    return [entry for (r, _), entry in seen.items() if r == round_idx]
 
 
 def reference_local_sgd(net, start, batches, lr, weight_decay, momentum, clip, direction):
@@ -170,15 +176,16 @@ def test_fednova_round_is_the_papers_algorithm(data_root, tmp_path, round_seen, 
     cli = fednova_fit(data_root, tmp_path, "--model.init_args.momentum", str(momentum), "--model.init_args.mu",
                       str(mu), "--trainer.local_epochs", "2")
     model = cli.model
-    steps = [c["num_steps"] for c in round_seen.values()]
-    assert len(round_seen) == 3 and len(set(steps)) > 1, steps  # the setting where FedNova is not FedAvg
+    clients = clients_of(round_seen, 0)
+    steps = [c["num_steps"] for c in clients]
+    assert len(clients) == 3 and len(set(steps)) > 1, steps  # the setting where FedNova is not FedAvg
     net = copy.deepcopy(model.backbone)
     names = [n for n, _ in net.named_parameters()]
     lr = model.client_lr(0, 0)
-    n_total = sum(c["num_samples"] for c in round_seen.values())
-    x0 = {k: next(iter(round_seen.values()))["sent"][k] for k in names}
+    n_total = sum(c["num_samples"] for c in clients)
+    x0 = {k: clients[0]["sent"][k] for k in names}
     tau_eff, normalized = 0.0, {k: torch.zeros_like(v) for k, v in x0.items()}
-    for c in round_seen.values():
+    for c in clients:
         prox = (lambda p: mu / 2 * sum((p[k] - x0[k]).pow(2).sum() for k in p)) if mu else None
         y = reference_local_sgd(net, x0, c["batches"], lr, model.weight_decay, momentum, model.grad_clip_norm,
                                 ce_gradient(net, prox))
@@ -201,3 +208,139 @@ def test_fednova_round_is_the_papers_algorithm(data_root, tmp_path, round_seen, 
 def test_fednova_needs_its_server_half(data_root, tmp_path):
     with pytest.raises(ValueError, match="needs trainer.server fedrcl.server.FedNova"):
         run_cli(data_root, tmp_path, rounds=1, model="fedrcl.algorithms.FedNova")
+
+
+# -- the sharpness-aware family and FedCM ----------------------------------------------------------------------
+def test_sam_and_asam_perturbations_by_hand():
+    g = {"w": torch.tensor([3.0, 4.0]), "bias": torch.tensor([0.0])}
+    eps = sam_perturbation(g, rho=0.5)  # 0.5 g / 5
+    torch.testing.assert_close(eps["w"], torch.tensor([0.3, 0.4]))
+    torch.testing.assert_close(eps["bias"], torch.tensor([0.0]))
+    params = {"w": torch.tensor([1.0, -0.5]), "bias": torch.tensor([2.0])}
+    scale = asam_scale(params, eta=0.5)  # |w| + 0.5 on weights, 1 on biases
+    torch.testing.assert_close(scale["w"], torch.tensor([1.5, 1.0]))
+    torch.testing.assert_close(scale["bias"], torch.tensor([1.0]))
+    g = {"w": torch.tensor([2.0, 1.0]), "bias": torch.tensor([1.0])}
+    # T g = [3, 1, 1], ||T g|| = sqrt(11); eps = rho T^2 g / sqrt(11) = rho [4.5, 1, 1] / sqrt(11)
+    eps = sam_perturbation(g, rho=1.0, scale=scale)
+    torch.testing.assert_close(eps["w"], torch.tensor([4.5, 1.0]) / 11 ** 0.5)
+    torch.testing.assert_close(eps["bias"], torch.tensor([1.0]) / 11 ** 0.5)
+    zero = sam_perturbation({"w": torch.zeros(3)}, rho=1.0)
+    assert torch.equal(zero["w"], torch.zeros(3))
+
+
+def test_momentum_direction_and_global_update_by_hand():
+    v = momentum_direction({"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([-1.0, 0.0])}, alpha=0.25)
+    torch.testing.assert_close(v["w"], torch.tensor([0.25 - 0.75, 0.5]))
+    torch.testing.assert_close(global_update_direction(torch.tensor([1.0]), torch.tensor([0.5]), 0.25),
+                               torch.tensor([2.0]))
+    with pytest.raises(ValueError, match="lr_sum"):
+        global_update_direction(torch.zeros(1), torch.zeros(1), 0.0)
+
+
+def reference_asam_eps(g, w, rho, eta, adaptive):
+    """SAM's and ASAM's perturbation written out (Kwon et al.: T = |w| + eta on weights, 1 on biases)."""
+    t = {k: (torch.ones_like(w[k]) if k.endswith("bias") else w[k].abs() + eta) if adaptive else
+         torch.ones_like(w[k]) for k in g}
+    norm = torch.sqrt(sum((t[k] * g[k]).pow(2).sum() for k in g))
+    return {k: rho * t[k] * t[k] * g[k] / (norm + 1e-12) for k in g}
+
+
+def sam_direction(net, rho, eta=0.0, adaptive=False):
+    """FedSAM's local step direction: the CE gradient at w + eps(grad at w)."""
+    gradient = ce_gradient(net)
+
+    def direction(w, x, y):
+        eps = reference_asam_eps(gradient(w, x, y), w, rho, eta, adaptive)
+        return gradient({k: w[k] + eps[k] for k in w}, x, y)
+    return direction
+
+
+def reference_rounds(net, seen, rounds, lr_of, model, direction_of):
+    """FedAvg's server over ``rounds`` rounds of captured clients, each client's local SGD along
+    ``direction_of(round, delta)`` (``delta``: FedCM's last global update over its local steps' lrs)."""
+    names = [n for n, _ in net.named_parameters()]
+    x = {k: clients_of(seen, 0)[0]["sent"][k] for k in names}
+    delta = {k: torch.zeros_like(v) for k, v in x.items()}
+    for r in range(rounds):
+        clients = clients_of(seen, r)
+        n_total = sum(c["num_samples"] for c in clients)
+        mean = {k: torch.zeros_like(v) for k, v in x.items()}
+        for c in clients:
+            y = reference_local_sgd(net, x, c["batches"], lr_of(r), model.weight_decay, model.momentum,
+                                    model.grad_clip_norm, direction_of(r, delta))
+            for k in names:
+                mean[k] += c["num_samples"] / n_total * y[k]
+        steps = clients[0]["num_steps"]
+        delta = {k: (x[k] - mean[k]) / (steps * lr_of(r)) for k in names}
+        x = mean
+    return x
+
+
+def fit_float64(data_root, tmp_path, config, model, *extra, rounds=1):
+    return run_cli(data_root, tmp_path, "--config", str(CONFIGS / f"{config}.yaml"), *FLOAT64,
+                   "--data.local_iters_per_epoch", "3", *extra, rounds=rounds, model=f"fedrcl.algorithms.{model}")
+
+
+@pytest.mark.parametrize("config", ["fedsam", "fedasam"])
+def test_fedsam_round_is_the_papers_algorithm(data_root, tmp_path, round_seen, config):
+    """w <- w - lr grad F(w + eps), eps = rho g / ||g|| (ASAM: rho T^2 g / ||T g||), through fedrcl fit's clip,
+    weight decay and momentum (0.5 here), one round of three clients, float64, to 1e-9."""
+    cli = fit_float64(data_root, tmp_path, config, "FedSAM", "--model.init_args.momentum", "0.5")
+    model = cli.model
+    net = copy.deepcopy(model.backbone)
+    expected = reference_rounds(net, round_seen, 1, lambda r: model.client_lr(r, 0), model,
+                                lambda r, delta: sam_direction(net, model.rho, model.eta, model.adaptive))
+    got = {k: v.detach() for k, v in model.backbone.named_parameters()}
+    assert relative_difference(expected, got) <= 1e-9
+    sgd = reference_rounds(net, round_seen, 1, lambda r: model.client_lr(r, 0), model,
+                           lambda r, delta: ce_gradient(net))
+    assert relative_difference(sgd, got) > 1e-6  # SAM's step is not SGD's
+
+
+@pytest.mark.parametrize("method", ["FedCM", "MoFedSAM"])
+def test_fedcm_rounds_are_the_papers_algorithm(data_root, tmp_path, round_seen, method):
+    """Two rounds (the second mixes round 1's update): v = alpha g + (1 - alpha) Delta, Delta = (x_0 - x_1) /
+    (K lr_0), g the gradient (MoFedSAM: SAM's); float64, to 1e-9. Delta is sent with the weights: twice FedAvg's
+    download."""
+    cli = fit_float64(data_root, tmp_path, method.lower(), method, "--model.init_args.alpha", "0.3", rounds=2)
+    model = cli.model
+    net = copy.deepcopy(model.backbone)
+    alpha = model.alpha
+
+    def direction_of(r, delta):
+        g_of = sam_direction(net, model.rho) if method == "MoFedSAM" else ce_gradient(net)
+        return lambda w, x, y: {k: alpha * g + (1 - alpha) * delta[k] for k, g in g_of(w, x, y).items()}
+
+    expected = reference_rounds(net, round_seen, 2, lambda r: model.client_lr(r, 0), model, direction_of)
+    got = {k: v.detach() for k, v in model.backbone.named_parameters()}
+    assert relative_difference(expected, got) <= 1e-9
+    model_bytes = sum(p.numel() * p.element_size() for p in model.backbone.parameters())
+    assert cli.trainer.federation.ledger.cumulative == {"down": 2 * 3 * 2 * model_bytes, "up": 2 * 3 * model_bytes}
+
+
+def test_fedcm_refuses_clients_of_different_step_counts(data_root, tmp_path):
+    with pytest.raises(ValueError, match="needs data.local_iters_per_epoch set"):
+        run_cli(data_root, tmp_path, "--data.local_iters_per_epoch", "null", rounds=1,
+                model="fedrcl.algorithms.FedCM")
+
+
+class FedRCLSAM(FedSAM, FedRCL):
+    """FedRCL's loss through FedSAM's step (the combination the FedSAM docstring describes)."""
+
+
+def test_any_client_loss_takes_the_sam_step(data_root, tmp_path):
+    """FedSAM before a loss's method: with rho 0 its step is that method's (FedRCL's RCL loss, 1e-12), with rho > 0
+    it is not; its options are both classes' (jsonargparse reads them through the MRO)."""
+    runs = {}
+    for name, model, extra in (("rcl", "fedrcl.algorithms.FedRCL", ()),
+                               ("rho0", "test_baselines_2026.FedRCLSAM", ("--model.init_args.rho", "0")),
+                               ("sam", "test_baselines_2026.FedRCLSAM", ("--model.init_args.rho", "0.1",
+                                                                         "--model.init_args.beta", "1.0"))):
+        runs[name] = run_cli(data_root, tmp_path / name, *FLOAT64, "--data.local_iters_per_epoch", "2", *extra,
+                             rounds=1, model=model)
+    weights = {n: {k: v.detach() for k, v in cli.model.backbone.named_parameters()} for n, cli in runs.items()}
+    assert relative_difference(weights["rcl"], weights["rho0"]) <= 1e-12
+    assert relative_difference(weights["rcl"], weights["sam"]) > 1e-6
+    assert "train/loss_ce" in runs["sam"].trainer.callback_metrics
+    assert len(runs["sam"].trainer.callback_metrics) == len(runs["rcl"].trainer.callback_metrics)

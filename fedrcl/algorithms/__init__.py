@@ -13,6 +13,10 @@ from fedrcl.algorithms.fedcl import FedCL
 from fedrcl.algorithms.scaffold import SCAFFOLD
 from fedrcl.algorithms.feddyn import FedDyn
 from fedrcl.algorithms.fednova import FedNova
+from fedrcl.algorithms.fedsam import FedSAM
+from fedrcl.algorithms.fedcm import FedCM
+from fedrcl.algorithms.mofedsam import MoFedSAM
 
 __all__ = ["FedAvg", "FedRCL", "FedSCL", "FedProx", "FedLC", "FedDecorr", "FedNTD", "FitNet", "MOON", "FedMLB",
-           "FedProc", "FedCL", "SCAFFOLD", "FedDyn", "FedNova"]
+           "FedProc", "FedCL", "SCAFFOLD", "FedDyn", "FedNova",
+           "FedSAM", "FedCM", "MoFedSAM"]

@@ -5,9 +5,10 @@
 - ``proximal``: FedProx's squared distance. ``decorrelation``: FedDecorr.
 - ``not_true_distillation``: FedNTD. ``feature_distillation``: FitNet. ``branch_distillation``: FedMLB.
 - ``logit_calibration``: FedLC. ``control_variate``: SCAFFOLD. ``dynamic_regularizer``: FedDyn.
-- ``normalized_averaging``: FedNova.
+- ``normalized_averaging``: FedNova. ``sharpness``: FedSAM's perturbation. ``client_momentum``: FedCM.
 """
 from fedrcl.losses.branch_distillation import hybrid_branch_losses
+from fedrcl.losses.client_momentum import global_update_direction, momentum_direction
 from fedrcl.losses.control_variate import control_variate_delta, linear_term
 from fedrcl.losses.decorrelation import decorrelation_loss
 from fedrcl.losses.dynamic_regularizer import dual_update, dynamic_regularizer
@@ -20,8 +21,10 @@ from fedrcl.losses.not_true_distillation import not_true_distillation, not_true_
 from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
 from fedrcl.losses.proximal import squared_distance
 from fedrcl.losses.relaxed_contrastive import relaxed_contrastive_loss, relaxed_contrastive_terms
+from fedrcl.losses.sharpness import asam_scale, global_norm, sam_perturbation
 
 __all__ = [
+    "asam_scale",
     "calibrated_cross_entropy",
     "calibration_offsets",
     "class_feature_sums",
@@ -30,17 +33,21 @@ __all__ = [
     "dual_update",
     "dynamic_regularizer",
     "effective_mean",
+    "global_norm",
+    "global_update_direction",
     "hint_losses",
     "hybrid_branch_losses",
     "info_nce",
     "linear_term",
     "model_contrastive_loss",
+    "momentum_direction",
     "normalized_model",
     "not_true_distillation",
     "not_true_logits",
     "prototype_contrastive_loss",
     "relaxed_contrastive_loss",
     "relaxed_contrastive_terms",
+    "sam_perturbation",
     "squared_distance",
     "update_norm",
 ]
