@@ -344,3 +344,46 @@ def test_any_client_loss_takes_the_sam_step(data_root, tmp_path):
     assert relative_difference(weights["rcl"], weights["sam"]) > 1e-6
     assert "train/loss_ce" in runs["sam"].trainer.callback_metrics
     assert len(runs["sam"].trainer.callback_metrics) == len(runs["rcl"].trainer.callback_metrics)
+
+
+def test_fedgamma_rounds_are_the_papers_algorithm(data_root, tmp_path, round_seen):
+    """Two rounds of SCAFFOLD's control variates (option II) around SAM's step: d = grad F(w + eps) + c - c_i, eps
+    from F's own gradient; c_i+ = c_i - c + (x - y_i) / (K lr), c += sum_i n_i / n_all (c_i+ - c_i); float64, 1e-9."""
+    cli = fit_float64(data_root, tmp_path, "fedgamma", "FedGAMMA", "--model.init_args.rho", "0.2", rounds=2)
+    model, dm = cli.model, cli.datamodule
+    net = copy.deepcopy(model.backbone)
+    names = [n for n, _ in net.named_parameters()]
+    n_all = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
+    gradient = ce_gradient(net)
+    x = {k: clients_of(round_seen, 0)[0]["sent"][k] for k in names}
+    c = {k: torch.zeros_like(v) for k, v in x.items()}
+    own: dict[int, dict] = {}
+    for r in range(2):
+        lr = model.client_lr(r, 0)
+        mean = {k: torch.zeros_like(v) for k, v in x.items()}
+        c_sum = {k: torch.zeros_like(v) for k, v in x.items()}
+        entries = [(cid, e) for (rr, cid), e in round_seen.items() if rr == r]
+        n_round = sum(e["num_samples"] for _, e in entries)
+        for cid, e in entries:
+            c_i = own.get(cid, {k: torch.zeros_like(v) for k, v in x.items()})
+            corr = {k: c[k] - c_i[k] for k in names}
+
+            def direction(w, xb, yb, corr=corr):
+                g = gradient(w, xb, yb)
+                eps = reference_asam_eps(g, w, model.rho, 0.0, False)
+                g2 = gradient({k: w[k] + eps[k] for k in w}, xb, yb)
+                return {k: g2[k] + corr[k] for k in w}
+
+            y = reference_local_sgd(net, x, e["batches"], lr, model.weight_decay, model.momentum,
+                                    model.grad_clip_norm, direction)
+            new_c_i = {k: c_i[k] - c[k] + (x[k] - y[k]) / (len(e["batches"]) * lr) for k in names}
+            for k in names:
+                mean[k] += e["num_samples"] / n_round * y[k]
+                c_sum[k] += e["num_samples"] / n_all * (new_c_i[k] - c_i[k])
+            own[cid] = new_c_i
+        x = mean
+        c = {k: c[k] + c_sum[k] for k in names}
+    got = {k: v.detach() for k, v in model.backbone.named_parameters()}
+    assert relative_difference(x, got) <= 1e-9
+    server_c = cli.trainer.federation.server.control(got)
+    assert relative_difference(c, {k: server_c[k] for k in names}) <= 1e-9

@@ -16,7 +16,8 @@ from fedrcl.algorithms.fednova import FedNova
 from fedrcl.algorithms.fedsam import FedSAM
 from fedrcl.algorithms.fedcm import FedCM
 from fedrcl.algorithms.mofedsam import MoFedSAM
+from fedrcl.algorithms.fedgamma import FedGAMMA
 
 __all__ = ["FedAvg", "FedRCL", "FedSCL", "FedProx", "FedLC", "FedDecorr", "FedNTD", "FitNet", "MOON", "FedMLB",
            "FedProc", "FedCL", "SCAFFOLD", "FedDyn", "FedNova",
-           "FedSAM", "FedCM", "MoFedSAM"]
+           "FedSAM", "FedCM", "MoFedSAM", "FedGAMMA"]

@@ -60,8 +60,7 @@ class FedNova(FedProx):
 
     def client_norm(self, client: ClientContext) -> float:
         """``eta ||a_i||_1`` of ``client``'s local steps this round (its lr per local epoch, as ``ClientRun``)."""
-        per_epoch = datamodule_of(self.trainer).client_steps_per_epoch(client.client_id)
-        lrs = [float(self.client_lr(client.round_idx, k // per_epoch)) for k in range(client.num_steps)]
+        lrs = [float(self.client_lr(client.round_idx, epoch)) for epoch in client.step_epochs()]
         return update_norm(lrs, float(self.momentum), float(self.mu))
 
     @torch.no_grad()
