@@ -387,3 +387,43 @@ def test_fedgamma_rounds_are_the_papers_algorithm(data_root, tmp_path, round_see
     assert relative_difference(x, got) <= 1e-9
     server_c = cli.trainer.federation.server.control(got)
     assert relative_difference(c, {k: server_c[k] for k in names}) <= 1e-9
+
+
+def test_fedspeed_rounds_are_the_papers_algorithm(data_root, tmp_path, round_seen):
+    """Two rounds of four clients, three a round (so that clients come back with their prox-correction): each step
+    (1 - alpha) g1 + alpha g2 - g_hat + (w - x) / lam, g2 at w + rho g1 / ||g1||; then g_hat -= (y - x) / lam and the
+    client sends y - lam g_hat, the server's FedAvg mean; float64, 1e-9."""
+    cli = fit_float64(data_root, tmp_path, "fedspeed", "FedSpeed", "--model.init_args.alpha", "0.7",
+                      "--model.init_args.lam", "2.0", "--data.num_clients", "4", rounds=2)
+    model = cli.model
+    net = copy.deepcopy(model.backbone)
+    names = [n for n, _ in net.named_parameters()]
+    gradient = ce_gradient(net)
+    alpha, rho, lam = model.alpha, model.rho, model.lam
+    x = {k: clients_of(round_seen, 0)[0]["sent"][k] for k in names}
+    g_hat: dict[int, dict] = {}
+    for r in range(2):
+        entries = [(cid, e) for (rr, cid), e in round_seen.items() if rr == r]
+        n_round = sum(e["num_samples"] for _, e in entries)
+        mean = {k: torch.zeros_like(v) for k, v in x.items()}
+        for cid, e in entries:
+            own = g_hat.get(cid, {k: torch.zeros_like(v) for k, v in x.items()})
+
+            def direction(w, xb, yb, own=own, x0=x):
+                g1 = gradient(w, xb, yb)
+                norm = torch.sqrt(sum(t.pow(2).sum() for t in g1.values()))
+                g2 = gradient({k: w[k] + rho * g1[k] / (norm + 1e-12) for k in w}, xb, yb)
+                return {k: (1 - alpha) * g1[k] + alpha * g2[k] - own[k] + (w[k] - x0[k]) / lam for k in w}
+
+            y = reference_local_sgd(net, x, e["batches"], model.client_lr(r, 0), model.weight_decay,
+                                    model.momentum, model.grad_clip_norm, direction)
+            g_hat[cid] = {k: own[k] - (y[k] - x[k]) / lam for k in names}
+            for k in names:
+                mean[k] += e["num_samples"] / n_round * (y[k] - lam * g_hat[cid][k])
+        x = mean
+    returning = {cid for r, cid in round_seen if r == 0} & {cid for r, cid in round_seen if r == 1}
+    assert returning  # a client trained with its prox-correction from round 1
+    got = {k: v.detach() for k, v in model.backbone.named_parameters()}
+    assert relative_difference(x, got) <= 1e-9
+    for cid, expected in g_hat.items():  # every client's stored prox-correction
+        assert relative_difference(expected, model.store.get(cid)) <= 1e-9, cid

@@ -17,7 +17,8 @@ from fedrcl.algorithms.fedsam import FedSAM
 from fedrcl.algorithms.fedcm import FedCM
 from fedrcl.algorithms.mofedsam import MoFedSAM
 from fedrcl.algorithms.fedgamma import FedGAMMA
+from fedrcl.algorithms.fedspeed import FedSpeed
 
 __all__ = ["FedAvg", "FedRCL", "FedSCL", "FedProx", "FedLC", "FedDecorr", "FedNTD", "FitNet", "MOON", "FedMLB",
            "FedProc", "FedCL", "SCAFFOLD", "FedDyn", "FedNova",
-           "FedSAM", "FedCM", "MoFedSAM", "FedGAMMA"]
+           "FedSAM", "FedCM", "MoFedSAM", "FedGAMMA", "FedSpeed"]

@@ -6,6 +6,7 @@
 - ``not_true_distillation``: FedNTD. ``feature_distillation``: FitNet. ``branch_distillation``: FedMLB.
 - ``logit_calibration``: FedLC. ``control_variate``: SCAFFOLD. ``dynamic_regularizer``: FedDyn.
 - ``normalized_averaging``: FedNova. ``sharpness``: FedSAM's perturbation. ``client_momentum``: FedCM.
+- ``prox_correction``: FedSpeed.
 """
 from fedrcl.losses.branch_distillation import hybrid_branch_losses
 from fedrcl.losses.client_momentum import global_update_direction, momentum_direction
@@ -19,6 +20,7 @@ from fedrcl.losses.model_contrastive import model_contrastive_loss
 from fedrcl.losses.normalized_averaging import effective_mean, normalized_model, update_norm
 from fedrcl.losses.not_true_distillation import not_true_distillation, not_true_logits
 from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
+from fedrcl.losses.prox_correction import corrected_model, fedspeed_direction, prox_correction_update
 from fedrcl.losses.proximal import squared_distance
 from fedrcl.losses.relaxed_contrastive import relaxed_contrastive_loss, relaxed_contrastive_terms
 from fedrcl.losses.sharpness import asam_scale, global_norm, sam_perturbation
@@ -29,10 +31,12 @@ __all__ = [
     "calibration_offsets",
     "class_feature_sums",
     "control_variate_delta",
+    "corrected_model",
     "decorrelation_loss",
     "dual_update",
     "dynamic_regularizer",
     "effective_mean",
+    "fedspeed_direction",
     "global_norm",
     "global_update_direction",
     "hint_losses",
@@ -45,6 +49,7 @@ __all__ = [
     "not_true_distillation",
     "not_true_logits",
     "prototype_contrastive_loss",
+    "prox_correction_update",
     "relaxed_contrastive_loss",
     "relaxed_contrastive_terms",
     "sam_perturbation",
