@@ -107,6 +107,8 @@ def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_S
     groups = [g for g in seed_groups(runs) if any(r.curves for r in g)]
     if not groups:
         return out + ["No runs with logged scalars.", ""]
+    if "privacy/epsilon" not in tags and any("privacy/epsilon" in r.curves for r in runs):
+        tags = [*tags, "privacy/epsilon"]  # runs with trainer.privacy: their epsilon beside their accuracy
     mixed = len(_backends(runs)) > 1
     header = ["Experiment", "Method", "Server", "n", "seeds (init / sampling / split)"]
     for tag in tags:

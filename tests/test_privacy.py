@@ -223,6 +223,41 @@ def test_max_epsilon_stops_before_the_budget_with_a_checkpoint(data_root, tmp_pa
     assert ckpt["epoch"] == 1 and ckpt["callbacks"]["Federation"]["privacy"]["segments"] == [[1.5, 0.0, 3, 10, 2]]
     assert ckpt["callbacks"]["Federation"]["privacy"]["epsilon"] <= budget
     assert "max_epsilon" in caplog.text and "the run stops after round 2" in caplog.text
+    from fedrcl import report
+    report.main([str(tmp_path / "budget"), "--out", str(tmp_path / "report.md")])
+    assert "privacy/epsilon mean ± std" in (tmp_path / "report.md").read_text()  # a column for DP runs
     with pytest.raises(ValueError, match="the run stops after round 2"):  # resuming it: the budget is spent
         run_cli(data_root, tmp_path / "budget", *DP, "--trainer.privacy.noise_multiplier", "1.5",
                 "--trainer.privacy.max_epsilon", str(budget), "--ckpt_path", "last", rounds=5)
+
+
+def test_seeds_together_are_each_seeds_own_dp_fit(data_root, tmp_path, capsys):
+    """Seeds trained together: each seed's clipping, noise (seeded by its own trainer.seed) and epsilon are those
+    of its own ``fedrcl fit`` (float64: the stacked step's rounding stays far below the tolerance)."""
+    from fedrcl import seeds
+    from conftest import REPO
+
+    common = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--model", "fedrcl.algorithms.FedAvg",
+              "--data.root", str(data_root), "--data.num_clients", "10", "--trainer.accelerator", "cpu",
+              "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false",
+              "--trainer.enable_model_summary", "false", "--trainer.rounds", "2", "--trainer.local_epochs", "1",
+              "--data.local_iters_per_epoch", "3", "--trainer.clients_per_round", "3", "--trainer.precision",
+              "64-true", *DP, "--trainer.privacy.clip_norm", "0.05", "--trainer.privacy.adaptive", "true"]
+    for how in ("together", "alone"):
+        seeds.main(["--seeds", "0", "1", *(["--together"] if how == "together" else []), *common,
+                    "--trainer.logger.init_args.save_dir", str(tmp_path / how)])
+    assert "--together:" not in capsys.readouterr().out  # no fallback
+    states = {}
+    for how in ("together", "alone"):
+        for seed in (0, 1):
+            path = tmp_path / how / "quickstart" / f"seed{seed}" / "version_0" / "checkpoints" / "last.ckpt"
+            states[how, seed] = torch.load(path, weights_only=True)
+    for seed in (0, 1):
+        a, b = states["together", seed], states["alone", seed]
+        for key, value in b["state_dict"].items():
+            torch.testing.assert_close(a["state_dict"][key], value, rtol=1e-9, atol=1e-11, msg=key)
+        pa, pb = a["callbacks"]["Federation"]["privacy"], b["callbacks"]["Federation"]["privacy"]
+        assert pa["segments"] == pb["segments"] and pa["epsilon"] == pb["epsilon"]
+        assert pa["clip_norms"] == pytest.approx(pb["clip_norms"], rel=1e-9)  # adapted from the same counts
+    assert not torch.equal(states["alone", 0]["state_dict"]["backbone.fc.weight"],
+                           states["alone", 1]["state_dict"]["backbone.fc.weight"])  # seeds differ
