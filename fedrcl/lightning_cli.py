@@ -32,6 +32,7 @@ from fedrcl.algorithms import FedAvg
 from fedrcl.commands import DESCRIPTION, OTHER_SUBCOMMANDS
 from fedrcl.data.datamodule import FederatedDataModule
 from fedrcl.data.datasets import dataset_info
+from fedrcl.data.huggingface import Columns
 from fedrcl.data.sources import OWN_DATASETS, own_data_shape
 from fedrcl.errors import typed_pairs
 from fedrcl.federated.checkpoint import check_usable, local_checkpoint
@@ -48,24 +49,25 @@ SEED_KEYS = ("seed_everything", "trainer.seed", "data.seed")
 KNOWN_SUBCLASSES = ", known subclasses: "  # how jsonargparse's --help ends a class argument's choices
 
 
-def _data_shape(dataset: str, root: str, image_size: Optional[int]) -> tuple[int, int, int]:
+def _data_shape(dataset: str, root: str, image_size: Optional[int], image_column: str,
+                label_column: str) -> tuple[int, int, int]:
     """(classes, channels, side) of a named data set, or read from your own data at ``root``."""
     if dataset in OWN_DATASETS:
-        return own_data_shape(dataset, root, image_size)
+        return own_data_shape(dataset, root, image_size, Columns(image_column, label_column))
     info = dataset_info(dataset)
     return info.num_classes, info.in_channels, info.image_size
 
 
-def _num_classes(dataset: str, root: str, image_size: Optional[int]) -> int:
-    return _data_shape(dataset, root, image_size)[0]
+def _num_classes(*data: Any) -> int:
+    return _data_shape(*data)[0]
 
 
-def _in_channels(dataset: str, root: str, image_size: Optional[int]) -> int:
-    return _data_shape(dataset, root, image_size)[1]
+def _in_channels(*data: Any) -> int:
+    return _data_shape(*data)[1]
 
 
-def _image_size(dataset: str, root: str, image_size: Optional[int]) -> int:
-    return _data_shape(dataset, root, image_size)[2]
+def _image_size(*data: Any) -> int:
+    return _data_shape(*data)[2]
 
 
 def _left_to_subclasses(method: Any) -> bool:
@@ -292,7 +294,8 @@ class FedRCLCLI(LightningCLI):
                             help="CPU threads of torch (torch.set_num_threads); null: torch's default "
                                  "(OMP_NUM_THREADS, else one per core). 1 is fastest for small models on "
                                  "shared cores.")
-        data = ("data.dataset", "data.root", "data.image_size")  # your own data's shape is read from it
+        # your own data's shape is read from it
+        data = ("data.dataset", "data.root", "data.image_size", "data.image_column", "data.label_column")
         parser.link_arguments(data, "model.init_args.num_classes", compute_fn=_num_classes)
         parser.link_arguments(data, "model.init_args.in_channels", compute_fn=_in_channels)
         parser.link_arguments(data, "model.init_args.image_size", compute_fn=_image_size)

@@ -16,6 +16,7 @@ from fedrcl.data.augment import augment_batch
 from fedrcl.data.datasets import DATASETS, DatasetInfo, ImageData, dataset_info, load_dataset
 from fedrcl.data.domains import DomainAccuracy, assign_domains, domain_partition
 from fedrcl.data.feature_skew import SEVERITIES, FeatureShift, make_shift
+from fedrcl.data.huggingface import Columns, Partitioner, flower_partition
 from fedrcl.data.partition import dirichlet_partition, iid_partition, shard_partition
 from fedrcl.data.sources import OWN_DATASETS, own_data_shape, read_own_data
 from fedrcl.data.split_file import (SplitFile, authors_split_name, check_labels, check_split, label_fingerprint,
@@ -55,7 +56,8 @@ class FederatedDataModule(L.LightningDataModule):
             digits, bundled, for offline runs), or your own data at ``root`` (``fedrcl.data.sources``, docs/data.md):
             ``npz`` (a file with ``x_train``, ``y_train``, ``x_test``, ``y_test``, optional ``classes``),
             ``imagefolder`` (``DIR/train/<class>/*``, ``DIR/test/<class>/*``), ``domainfolder``
-            (``DIR/<domain>/<class>/*``: domain skew) or ``leaf`` (LEAF's JSON, ``DIR/train``, ``DIR/test``).
+            (``DIR/<domain>/<class>/*``: domain skew), ``leaf`` (LEAF's JSON, ``DIR/train``, ``DIR/test``) or
+            ``huggingface`` (a Hugging Face data set on disk, ``fedrcl.data.huggingface``).
         root: folder holding ``<dataset>.npz`` (made on first use from the raw data found or downloaded here);
             for your own data the file or folder itself.
         download: download CIFAR through torchvision when the data is not in ``root``.
@@ -110,6 +112,15 @@ class FederatedDataModule(L.LightningDataModule):
             ``one`` (each client one domain, its samples split by ``partition``) or ``dirichlet`` (each client's
             mix of domains drawn from a balanced Dirichlet of ``domain_alpha``; ``partition`` then unused).
         domain_alpha: Dirichlet concentration over domains for ``domain_split: dirichlet``.
+        image_column: a Hugging Face data set's image column (``huggingface``).
+        label_column: a Hugging Face data set's label column (``huggingface``).
+        client_column: a Hugging Face data set's column naming each sample's natural client (a writer, a
+            hospital), for ``partition: natural``; null: none.
+        domain_column: a Hugging Face data set's column naming each sample's domain (domain skew); null: none.
+        partitioner: a Flower Datasets partitioner in place of ``partition`` (the ``data`` extra), e.g.
+            ``flwr_datasets.partitioner.DirichletPartitioner`` with ``init_args`` ``partition_by: label`` and
+            ``alpha``; built with ``num_partitions = num_clients`` over a table of the train set's ``label``
+            (and ``client``, ``domain``) columns (``fedrcl.data.huggingface.flower_partition``). null: fedrcl's own.
     """
 
     def __init__(
@@ -136,6 +147,11 @@ class FederatedDataModule(L.LightningDataModule):
         feature_skew_severity: int = 3,
         domain_split: Literal["one", "dirichlet"] = "one",
         domain_alpha: float = 1.0,
+        image_column: str = "image",
+        label_column: str = "label",
+        client_column: Optional[str] = None,
+        domain_column: Optional[str] = None,
+        partitioner: Optional[Callable[[int], Partitioner]] = None,
     ):
         super().__init__()
         self.own_data = dataset in OWN_DATASETS
@@ -163,6 +179,8 @@ class FederatedDataModule(L.LightningDataModule):
         self.image_size, self.hflip, self.test_fraction = image_size, hflip, test_fraction
         self.feature_skew, self.feature_skew_severity = feature_skew, feature_skew_severity
         self.domain_split, self.domain_alpha = domain_split, domain_alpha
+        self.columns = Columns(image_column, label_column, client_column, domain_column)
+        self.partitioner = partitioner
         self.info = self._static_info(dataset, root)
         for key, value in (("num_clients", num_clients), ("batch_size", batch_size), ("views", views),
                            ("eval_batch_size", eval_batch_size), ("shards_per_client", shards_per_client)):
@@ -208,7 +226,7 @@ class FederatedDataModule(L.LightningDataModule):
         if not self.own_data:
             info = dataset_info(dataset)
             return info if self.hflip is None else dataclasses.replace(info, hflip=self.hflip)
-        num_classes, channels, size = own_data_shape(dataset, root, self.image_size)
+        num_classes, channels, size = own_data_shape(dataset, root, self.image_size, self.columns)
         return DatasetInfo(name=dataset, num_classes=num_classes, in_channels=channels, image_size=size,
                            mean=(0.5,) * channels, std=(0.25,) * channels, crop_padding=max(1, size // 8),
                            hflip=True if self.hflip is None else self.hflip, rotation=10.0)
@@ -246,7 +264,7 @@ class FederatedDataModule(L.LightningDataModule):
     def _read(self) -> ImageData:
         if not self.own_data:
             return load_dataset(self.dataset, self.root, download=self.download)
-        data = read_own_data(self.dataset, self.root, self.image_size, self.seed, self.test_fraction)
+        data = read_own_data(self.dataset, self.root, self.image_size, self.seed, self.test_fraction, self.columns)
         x = data.x_train.to(torch.float64).div(255.0)
         mean, std = x.mean(dim=(0, 1, 2)), x.std(dim=(0, 1, 2)).clamp_min(1e-3)
         self.info = dataclasses.replace(self.info, mean=tuple(mean.tolist()), std=tuple(std.tolist()))
@@ -257,8 +275,12 @@ class FederatedDataModule(L.LightningDataModule):
         if self.partition == "natural" and data.client_train is None:
             raise ValueError(f"data.partition natural needs a natural client per sample (data.dataset leaf, or an "
                              f"npz with 'client_train'); {self.dataset} at {self.root} has none")
-        parts = self.split(data.y_train) if self.partition != "natural" or self._file_split is not None \
-            else self._natural_split(data)
+        if self._file_split is None and self.partitioner is not None:
+            parts = self._flower_split(data)
+        elif self.partition != "natural" or self._file_split is not None:
+            parts = self.split(data.y_train)
+        else:
+            parts = self._natural_split(data)
         if self.partition == "natural" and data.client_test is not None:  # the chosen clients' own test parts
             keep = torch.isin(data.client_test, torch.as_tensor(self._natural_clients))
             data.x_test, data.y_test = data.x_test[keep], data.y_test[keep]
@@ -297,6 +319,19 @@ class FederatedDataModule(L.LightningDataModule):
                 rank_zero_info(f"data.channels_last auto: off, for {', '.join(breaks)} (1x1 strided convolutions "
                                f"with fewer than 8 input channels, whose CPU backward breaks in channels-last)")
 
+    def _flower_split(self, data: ImageData) -> list[np.ndarray]:
+        """``partitioner``'s split (Flower Datasets), checked like a split file."""
+        assert self.partitioner is not None
+        made = self.partitioner(self.num_clients)
+        parts = flower_partition(made, data.y_train.numpy(),
+                                 None if data.client_train is None else data.client_train.numpy(),
+                                 None if data.domain_train is None else data.domain_train.numpy())
+        source = f"data.partitioner {type(made).__name__}"
+        if len(parts) != self.num_clients:
+            raise ValueError(f"{source} made {len(parts)} partitions, data.num_clients is {self.num_clients}")
+        check_split(parts, len(data.y_train), source)
+        return parts
+
     def _natural_split(self, data: ImageData) -> list[np.ndarray]:
         """A client per natural id (a LEAF user, an npz's ``client_train``): the ``num_clients`` with the most
         training samples (ties: the smaller id)."""
@@ -324,7 +359,7 @@ class FederatedDataModule(L.LightningDataModule):
             self._test_ranges = [(d, 0, n_test) for d in range(len(names))]
         elif data.domains is not None and data.domain_train is not None and data.domain_test is not None:
             self.domains = data.domains
-            if self._file_split is None and self.partition != "natural":
+            if self._file_split is None and self.partition != "natural" and self.partitioner is None:
                 self._parts, self.client_domain = domain_partition(
                     data.y_train.numpy(), data.domain_train.numpy(), len(data.domains), self.num_clients, self.seed,
                     self._label_split, self.domain_split, self.domain_alpha)

@@ -13,6 +13,7 @@ file or array is named in one line (``ValueError``) before anything trains. Layo
                  into train and test per class (``test_fraction``, seeded).
 ``leaf``         ``DIR/train/*.json`` and ``DIR/test/*.json`` in LEAF's format (``users``, ``num_samples``,
                  ``user_data: {user: {x, y}}``, ``x`` a flattened square image in [0, 1]); a client per user.
+``huggingface``  a Hugging Face data set on disk with train and test splits (``fedrcl.data.huggingface``).
 """
 from __future__ import annotations
 
@@ -28,18 +29,19 @@ import torch
 import torch.nn.functional as F
 
 from fedrcl.data.datasets import ImageData
+from fedrcl.data.huggingface import Columns, huggingface_shape, read_huggingface
 
 __all__ = ["OWN_DATASETS", "read_own_data", "own_data_shape", "IMAGE_SUFFIXES"]
 
-OWN_DATASETS = ("npz", "imagefolder", "domainfolder", "leaf")
+OWN_DATASETS = ("npz", "imagefolder", "domainfolder", "leaf", "huggingface")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 
 def read_own_data(dataset: str, root: str | Path, image_size: Optional[int] = None, seed: int = 0,
-                  test_fraction: float = 0.2) -> ImageData:
+                  test_fraction: float = 0.2, columns: Columns = Columns()) -> ImageData:
     """The data set of kind ``dataset`` (one of ``OWN_DATASETS``) at ``root``, images resized to
     ``image_size`` x ``image_size`` when given (antialiased bilinear, once at load); ``seed`` and
-    ``test_fraction`` make a ``domainfolder``'s train/test split."""
+    ``test_fraction`` make a ``domainfolder``'s train/test split; ``columns`` name a Hugging Face data set's."""
     path = Path(root).expanduser()
     if not path.exists():
         raise ValueError(f"data.root {path}: no such {'file' if dataset == 'npz' else 'folder'} "
@@ -52,6 +54,9 @@ def read_own_data(dataset: str, root: str | Path, image_size: Optional[int] = No
         data = _read_domain_folder(path, image_size, seed, test_fraction)
     elif dataset == "leaf":
         data = _read_leaf(path)
+    elif dataset == "huggingface":
+        data = read_huggingface(path, columns, image_size)
+        _check_labels(data.y_train.numpy(), data.y_test.numpy(), data.classes, str(path))
     else:
         raise ValueError(f"data.dataset {dataset!r}: not one of {', '.join(OWN_DATASETS)}")
     return _resized(data, image_size, path)
@@ -346,18 +351,22 @@ def _resized(data: ImageData, size: Optional[int], where: Path) -> ImageData:
 # ------------------------------------------------------------------------------------------- shape
 
 
-def own_data_shape(dataset: str, root: str | Path, image_size: Optional[int] = None) -> tuple[int, int, int]:
+def own_data_shape(dataset: str, root: str | Path, image_size: Optional[int] = None,
+                   columns: Columns = Columns()) -> tuple[int, int, int]:
     """``(num_classes, in_channels, image_size)`` of own data, read without decoding every image (the CLI links
     them into the model when it parses the config)."""
     path = Path(root).expanduser()
     stamp = path.stat().st_mtime_ns if path.exists() else 0
-    return _shape(dataset, str(path.resolve()), stamp, image_size)
+    return _shape(dataset, str(path.resolve()), stamp, image_size, columns)
 
 
 @functools.lru_cache(maxsize=8)
-def _shape(dataset: str, root: str, stamp: int, image_size: Optional[int]) -> tuple[int, int, int]:
+def _shape(dataset: str, root: str, stamp: int, image_size: Optional[int],
+           columns: Columns) -> tuple[int, int, int]:
     path = Path(root)
-    if dataset in ("npz", "leaf") or not path.is_dir():
+    if dataset == "huggingface" and path.is_dir():
+        return huggingface_shape(path, columns, image_size)
+    if dataset in ("npz", "leaf", "huggingface") or not path.is_dir():
         data = read_own_data(dataset, path, image_size)
         return len(data.classes), int(data.x_train.shape[-1]), int(data.x_train.shape[1])
     if dataset == "imagefolder":
