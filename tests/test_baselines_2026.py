@@ -427,3 +427,41 @@ def test_fedspeed_rounds_are_the_papers_algorithm(data_root, tmp_path, round_see
     assert relative_difference(x, got) <= 1e-9
     for cid, expected in g_hat.items():  # every client's stored prox-correction
         assert relative_difference(expected, model.store.get(cid)) <= 1e-9, cid
+
+
+# -- every engine, resume ------------------------------------------------------------------------------------
+# (MoFedSAM is FedCM's direction on FedSAM's gradient; FedNova with equal steps is FedAvg: fedrcl check ran both.)
+ENGINE_RUNS = {"FedSAM": ("fedasam",), "FedCM": ("fedcm",), "FedGAMMA": ("fedgamma",), "FedSpeed": ("fedspeed",)}
+
+
+def engine_fit(data_root, save_dir, method, *extra):
+    (config,) = ENGINE_RUNS[method]
+    return run_cli(data_root, save_dir, "--config", str(CONFIGS / f"{config}.yaml"), "--trainer.precision",
+                   "64-true", "--data.local_iters_per_epoch", "3", "--model.init_args.momentum", "0.5", *extra, rounds=2,
+                   model=f"fedrcl.algorithms.{method}")
+
+
+@pytest.mark.parametrize("method", list(ENGINE_RUNS))
+def test_batched_clients_train_each_method_as_one_after_another(data_root, tmp_path, method):
+    """Two rounds batched (no fallback) and one client after another: the same weights (float64, 1e-9) and bytes."""
+    runs = {mode: engine_fit(data_root, tmp_path / mode, method, "--trainer.client_batching", mode)
+            for mode in ("off", "on")}
+    assert runs["on"].trainer.federation.plan(1).batched
+    weights = {m: {k: v.detach() for k, v in cli.model.backbone.state_dict().items()} for m, cli in runs.items()}
+    assert relative_difference(weights["off"], weights["on"]) <= 1e-9
+    assert runs["on"].trainer.federation.ledger.cumulative == runs["off"].trainer.federation.ledger.cumulative
+
+
+@pytest.mark.parametrize("method", ["FedCM", "FedSpeed"])
+def test_resume_equals_a_run_that_never_stopped(data_root, tmp_path, method):
+    """Two rounds, then a third from ``--ckpt_path last`` (FedCM: the previous global model in the checkpoint;
+    FedSpeed: the clients' g_hat_i files): round 3 bitwise as three rounds straight."""
+    every = ("--trainer.checkpoint_every", "1", "--trainer.client_batching", "off")
+    engine_fit(data_root, tmp_path / "cut", method, *every)
+    ckpt = next((tmp_path / "cut").rglob("last.ckpt"))
+    resumed = engine_fit(data_root, tmp_path / "cut", method, *every, "--ckpt_path", str(ckpt),
+                         "--trainer.rounds", "3")
+    full = engine_fit(data_root, tmp_path / "full", method, *every, "--trainer.rounds", "3")
+    assert resumed.trainer.current_epoch == full.trainer.current_epoch == 3
+    for k, v in full.model.backbone.state_dict().items():
+        assert torch.equal(v, resumed.model.backbone.state_dict()[k]), k
