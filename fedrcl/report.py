@@ -167,8 +167,8 @@ def _backends(runs: Sequence[RunResult]) -> dict[str, int]:
 
 
 def _scale(tag: str) -> float:
-    """100 for accuracies (``.../acc...``, shown in %), else 1."""
-    return 100.0 if "acc" in tag.rsplit("/", 1)[-1] else 1.0
+    """100 for accuracies (``.../acc...``, and per domain ``val/acc/<domain>``, shown in %), else 1."""
+    return 100.0 if "acc" in tag.rsplit("/", 1)[-1] or "/acc/" in tag else 1.0
 
 
 def _summary_cell(values: Sequence[float]) -> str:

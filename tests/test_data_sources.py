@@ -123,7 +123,9 @@ def test_two_domain_folder_logs_accuracy_per_domain(domain_folder, tmp_path, cap
     union = (curves["val/acc/photo"][1] + curves["val/acc/sketch"][1]) / 2
     np.testing.assert_allclose(curves["val/acc"][1], union, atol=1e-6)
     main(["report", str(tmp_path / "full"), "--tags", "val/acc/photo", "val/acc/sketch"])
-    assert "val/acc/sketch" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "val/acc/sketch mean" in out
+    assert f"{100 * curves['val/acc/sketch'][1][-1]:.2f} @2" in out  # per-domain accuracies in %, as val/acc
 
 
 def test_domain_split_one_gives_each_client_one_domain(domain_folder):
