@@ -2,7 +2,7 @@
 Caldarola et al., "Improving Generalization in Federated Learning by Seeking Flat Minima", ECCV 2022, with
 FedASAM): every local step at the gradient of the worst nearby point.
 
-    g = grad F_i(w),   eps = rho g / ||g||   (adaptive: rho T_w^2 g / ||T_w g||, T_w = |w| + eta),
+    g = grad F_i(w),   eps = rho g / ||g||   (adaptive: rho T_w^2 g / ||T_w g||, T_w = abs(w) + eta),
     w <- w - lr * grad F_i(w + eps)
 
 ``F_i`` is the method's whole local loss (``local_loss``: cross-entropy here, the server's client term
