@@ -213,7 +213,7 @@ def test_resumed_dp_run_equals_one_that_never_stopped(data_root, tmp_path):
     assert ckpt["callbacks"]["Federation"]["privacy"]["epsilon"] == a.epsilon
 
 
-def test_max_epsilon_stops_before_the_budget_with_a_checkpoint(data_root, tmp_path, caplog):
+def test_max_epsilon_stops_before_the_budget_with_a_checkpoint(data_root, tmp_path, caplog, capsys):
     mechanism = RoundMechanism(1.5, 0.0, 3, 10)
     budget = (epsilon([(mechanism, 2)], 1e-5) + epsilon([(mechanism, 3)], 1e-5)) / 2
     cli = run_cli(data_root, tmp_path / "budget", *DP, "--trainer.privacy.noise_multiplier", "1.5",
@@ -223,6 +223,8 @@ def test_max_epsilon_stops_before_the_budget_with_a_checkpoint(data_root, tmp_pa
     assert ckpt["epoch"] == 1 and ckpt["callbacks"]["Federation"]["privacy"]["segments"] == [[1.5, 0.0, 3, 10, 2]]
     assert ckpt["callbacks"]["Federation"]["privacy"]["epsilon"] <= budget
     assert "max_epsilon" in caplog.text and "the run stops after round 2" in caplog.text
+    printed = capsys.readouterr()
+    assert "stopped early after round 2/5: trainer.privacy.init_args.max_epsilon" in printed.out + printed.err
     from fedrcl import report
     report.main([str(tmp_path / "budget"), "--out", str(tmp_path / "report.md")])
     assert "privacy/epsilon mean ± std" in (tmp_path / "report.md").read_text()  # a column for DP runs
@@ -261,3 +263,10 @@ def test_seeds_together_are_each_seeds_own_dp_fit(data_root, tmp_path, capsys):
         assert pa["clip_norms"] == pytest.approx(pb["clip_norms"], rel=1e-9)  # adapted from the same counts
     assert not torch.equal(states["alone", 0]["state_dict"]["backbone.fc.weight"],
                            states["alone", 1]["state_dict"]["backbone.fc.weight"])  # seeds differ
+
+
+def test_a_run_without_dp_is_not_continued_with_it(data_root, tmp_path):
+    """Its first rounds would be missing from epsilon: refused, naming trainer.privacy."""
+    run_cli(data_root, tmp_path / "plain", rounds=1)
+    with pytest.raises(ValueError, match="trainer.privacy"):
+        run_cli(data_root, tmp_path / "plain", *DP, "--ckpt_path", "last", rounds=2)

@@ -159,6 +159,9 @@ def stop_reason(trainer: L.Trainer) -> Optional[str]:
         left = callback.time_remaining() if isinstance(callback, Timer) else None
         if left is not None and left <= 0:
             return f"trainer.max_time reached ({duration(callback.time_elapsed())} of training)"
+    privacy = getattr(getattr(trainer, "federation", None), "privacy", None)  # trainer.privacy's budget
+    if privacy is not None and privacy.budget_spent():
+        return f"trainer.privacy.init_args.max_epsilon {privacy.max_epsilon}: epsilon {privacy.epsilon:.4g} spent"
     signal = getattr(trainer._signal_connector, "signum", None)
     return None if signal else "a callback set trainer.should_stop"
 
