@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import textwrap
+from collections.abc import Iterator
 from functools import lru_cache
 from importlib import import_module
 from pathlib import Path
@@ -25,7 +26,8 @@ from typing import Any, NoReturn, Optional
 import lightning
 import torch
 import yaml
-from jsonargparse import ActionConfigFile, ActionSubCommands, ArgumentParser, DefaultHelpFormatter, Namespace
+from jsonargparse import ActionConfigFile, ActionSubCommands, ArgumentParser, DefaultHelpFormatter, Namespace, \
+    get_loader, set_loader
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from fedrcl.algorithms import FedAvg
@@ -189,6 +191,19 @@ def check_typed_yaml(args: list[str]) -> None:
             continue  # not YAML: jsonargparse's own error names it
 
 
+def bounded_yaml_load(text: str) -> Any:
+    """jsonargparse's YAML loader, refusing (``YAMLTooLarge``) a text that ``check_yaml_size`` refuses first: every
+    value and file jsonargparse loads goes through it, a file that a config names for ``model:`` or
+    ``trainer.callbacks:`` included (which it reads whole)."""
+    check_yaml_size(text)
+    return bounded_yaml_load.__wrapped__(text)  # type: ignore[attr-defined]
+
+
+_loader = get_loader("yaml")
+bounded_yaml_load.__wrapped__ = getattr(_loader, "__wrapped__", _loader)  # type: ignore[attr-defined]
+set_loader("yaml", bounded_yaml_load, (yaml.YAMLError,))
+
+
 class ConfigFile(ActionConfigFile):
     """``--config``: a YAML syntax error names the file, line and column (jsonargparse names neither); a file
     too large, or whose aliases expand too far (``check_yaml_size``), is refused naming it, before it is read."""
@@ -212,7 +227,24 @@ class ConfigFile(ActionConfigFile):
                 raise TypeError(f"{path}: not valid YAML ({where}{e.problem or e.context})") from None
             except (UnicodeDecodeError, yaml.YAMLError) as e:
                 raise TypeError(f"{path}: not valid YAML ({e})") from None
+            for key, named in included_files(yaml.safe_load(path.read_text(encoding="utf-8")), path.parent):
+                if named.stat().st_size > MAX_CONFIG_BYTES:
+                    raise TypeError(f"{path}: {key}: {named}, {named.stat().st_size} bytes, more than a "
+                                    f"configuration file needs ({MAX_CONFIG_BYTES}); not read")
         super().__call__(parser, cfg, values, option_string)
+
+
+def included_files(value: Any, folder: Path, key: str = "") -> Iterator[tuple[str, Path]]:
+    """``(key, file)`` for each YAML file a loaded config names as a value (``model: model.yaml``), which
+    jsonargparse reads as that key's config (relative to the config's ``folder``)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from included_files(v, folder, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from included_files(v, folder, f"{key}[{i}]")
+    elif isinstance(value, str) and value.endswith((".yaml", ".yml")) and (folder / value).is_file():
+        yield key, folder / value
 
 
 class FedRCLParser(LightningArgumentParser):
@@ -373,6 +405,10 @@ def parse_error_text(message: str) -> str:
                     r"failed: (.*)", message.strip(), re.S)
     if link:  # a linked value (data.dataset -> the model's class count) could not be derived
         return f"{link.group(1)} {link.group(2)}: {link.group(3).strip()}"
+    included = re.search(r"Invalid content in sub-config file (\S+): (.+)", message)
+    if included:  # a file a config names for a key (``model: model.yaml``): too large, or not YAML
+        key = re.match(r'\s*Parser key "([\w.]+)"', message)
+        return f"{key.group(1) + ': ' if key else ''}{included.group(1)}: {included.group(2).strip()}"
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     if lines and lines[0].startswith("Parser key") and any("class_path" in line for line in lines):
         key = lines[0].removeprefix("Parser key").strip(' ":')

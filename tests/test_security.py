@@ -273,3 +273,75 @@ def test_a_full_device_ends_in_one_line(command):
     assert done.returncode == 1
     assert done.stderr == "fedrcl: error: standard output: No space left on device (what was written there is " \
                           "incomplete)\n", done.stderr
+
+
+# -- bounded reads -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("source", ["/dev/zero", "/dev/urandom", "big"])
+def test_a_split_file_is_read_up_to_a_bound(source, tmp_path):
+    from fedrcl.data.split_file import read_split_file
+
+    path = Path(source)
+    if source == "big":
+        path = tmp_path / "split.json"
+        with open(path, "wb") as f:
+            f.truncate(1500 << 20)  # 1.5 GB, sparse: nothing is written
+    elif not path.exists():
+        pytest.skip(f"needs {source}")
+    with pytest.raises(ValueError, match=re.escape(f"data.partition_file: {path} is ")) as info:
+        read_split_file(path)
+    assert "more than a split file holds (at most 64 MiB" in str(info.value)
+
+
+@pytest.mark.parametrize("key, config", [("model", "model: big.yaml\n"),
+                                         ("trainer.callbacks", "trainer:\n  callbacks: big.yaml\n"),
+                                         ("trainer.callbacks[0]", "trainer:\n  callbacks: [big.yaml]\n")])
+def test_a_config_a_config_names_is_read_up_to_a_bound(key, config, data_root, tmp_path):
+    (tmp_path / "big.yaml").write_text("class_path: fedrcl.algorithms.FedAvg\n#" + "x" * (3 << 20) + "\n")
+    (tmp_path / "run.yaml").write_text(config)
+    code, err = fedrcl_main("fit", *QUICK, "--config", str(tmp_path / "run.yaml"), "--data.root", str(data_root))
+    assert code == 2
+    assert f"fedrcl fit: error: {tmp_path / 'run.yaml'}: {key}: {tmp_path / 'big.yaml'}, 3145767 bytes, more " \
+           "than a configuration file needs (1048576); not read" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 2, err
+
+
+def test_a_config_an_included_config_names_is_parsed_up_to_a_bound(data_root, tmp_path):
+    """A file named inside an included file (``model: model.yaml``, which names ``backbone: big.yaml``):
+    jsonargparse reads it whole, and its loader refuses it before PyYAML expands it."""
+    (tmp_path / "big.yaml").write_text("class_path: fedrcl.models.SmallCNN\n#" + "x" * (3 << 20) + "\n")
+    (tmp_path / "model.yaml").write_text("class_path: fedrcl.algorithms.FedAvg\ninit_args:\n  backbone: big.yaml\n")
+    (tmp_path / "run.yaml").write_text("model: model.yaml\n")
+    code, err = fedrcl_main("fit", *QUICK, "--config", str(tmp_path / "run.yaml"), "--data.root", str(data_root))
+    assert code == 2
+    assert "fedrcl fit: error: " in err and "big.yaml: 3145765 characters, more than a config needs (1048576)" \
+        in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 2, err
+
+
+# -- a split file edited by hand -----------------------------------------------------------------------------
+def test_a_split_files_edited_client_is_named(data_root, tmp_path):
+    import json
+
+    from fedrcl.data.datamodule import FederatedDataModule
+
+    written = FederatedDataModule(dataset="digits", root=str(data_root), num_clients=10, seed=0)
+    written.setup("validate")
+    labels = written.y_train.cpu().numpy()
+    from fedrcl.data.split_file import label_fingerprint, write_split
+
+    parts = [p.cpu().numpy() for p in written.client_indices]
+    path = write_split(tmp_path / "split.json", parts, "digits", label_fingerprint(labels, parts, 10))
+    doc = json.loads(path.read_text())
+    # client 3 gives one sample to client 5 for one of client 5's of another label: every label still held once
+    a = next(i for i in doc["clients"][3] if any(labels[j] != labels[i] for j in doc["clients"][5]))
+    b = next(j for j in doc["clients"][5] if labels[j] != labels[a])
+    doc["clients"][3] = [b if i == a else i for i in doc["clients"][3]]
+    doc["clients"][5] = [a if j == b else j for j in doc["clients"][5]]
+    path.write_text(json.dumps(doc))
+    edited = FederatedDataModule(dataset="digits", root=str(data_root), num_clients=10, partition_file=str(path))
+    with pytest.raises(ValueError) as info:
+        edited.setup("validate")
+    assert str(info.value) == (
+        f"data.partition_file {path}: client 3's indices were edited after the file was written (and 1 more: 5): "
+        "its labels no longer match the per-client hashes the file records; use the file as fedrcl wrote it "
+        "(split.json beside the run's config.yaml), or leave out data.partition_file to compute the partition")

@@ -43,6 +43,7 @@ __all__ = ["SPLIT_FORMAT", "LabelFingerprint", "SplitFile", "label_fingerprint",
            "read_split_file", "write_split", "check_split", "check_labels", "authors_split_name"]
 
 SPLIT_FORMAT = "fedrcl-split/1"
+MAX_SPLIT_BYTES = 64 << 20  # ImageNet's 1.28 million train indices take about 10 MB as JSON
 _JSON_KEYS = ("format", "dataset", "num_clients", "clients")  # and "labels", optional (files before it lack it)
 _AUTHORS_NAME = re.compile(r"dirichlet(?P<alpha>\d+(?:\.\d+)?)_clients(?P<clients>\d+)\.txt")
 
@@ -71,13 +72,22 @@ def label_fingerprint(labels: npt.ArrayLike, parts: Sequence[npt.ArrayLike], num
 
 
 def labels_differ(made_for: LabelFingerprint, here: LabelFingerprint) -> Optional[str]:
-    """What differs between the labels a split was made for and these (``None``: the same labels)."""
+    """What differs between the labels a split was made for and these (``None``: the same labels): other train
+    labels, or the same labels with a client whose labels (at its indices) differ from the recorded hash, a client
+    edited by hand. (An edit that puts another sample of the same label at the same place is not seen: the hashes
+    are of labels.)"""
     if made_for.num_samples != here.num_samples:
         return f"made for {made_for.num_samples} train samples, this data has {here.num_samples}"
     if made_for.num_classes != here.num_classes:
         return f"made for {made_for.num_classes} classes, this data has {here.num_classes}"
     if made_for.sha256 == here.sha256:
-        return None
+        edited = [k for k, (a, b) in enumerate(zip(made_for.clients_sha256, here.clients_sha256, strict=True))
+                  if a != b]
+        if not edited:
+            return None
+        more = f" (and {len(edited) - 1} more: {', '.join(map(str, edited[1:6]))}{' ...' * (len(edited) > 6)})"
+        return (f"client {edited[0]}'s indices were edited after the file was written{more * (len(edited) > 1)}: "
+                "its labels no longer match the per-client hashes the file records")
     clients = sum(a != b for a, b in zip(made_for.clients_sha256, here.clients_sha256, strict=True))
     return (f"labels differ from those the split was made for: {here.num_samples} samples and {here.num_classes} "
             f"classes in both, but {clients} of {len(here.clients_sha256)} clients hold other labels at the "
@@ -148,7 +158,7 @@ def read_split_file(path: str | Path, num_clients: Optional[int] = None, num_sam
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_bounded(path)
     except FileNotFoundError:
         raise ValueError(f"data.partition_file: {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -167,6 +177,19 @@ def read_split_file(path: str | Path, num_clients: Optional[int] = None, num_sam
     return SplitFile([np.sort(p) for p in parts], labels)
 
 
+def _read_bounded(path: Path) -> str:
+    """The text of ``path``, read up to ``MAX_SPLIT_BYTES`` (a device such as ``/dev/zero`` never ends): a larger
+    file is refused naming the limit, before it is read whole."""
+    size = path.stat().st_size if path.is_file() else 0
+    with open(path, "rb") as f:
+        data = f.read(MAX_SPLIT_BYTES + 1) if size <= MAX_SPLIT_BYTES else b""
+    if size > MAX_SPLIT_BYTES or len(data) > MAX_SPLIT_BYTES:
+        what = f"{size} bytes" if size else f"a device or pipe giving more than {MAX_SPLIT_BYTES} bytes"
+        raise ValueError(f"data.partition_file: {path} is {what}, more than a split file holds (at most "
+                         f"{MAX_SPLIT_BYTES >> 20} MiB; a million indices take about 8 MB); not read")
+    return data.decode("utf-8")
+
+
 def check_labels(split: SplitFile, labels: npt.ArrayLike, num_classes: int, source: str) -> Optional[str]:
     """Raise ``ValueError`` (prefixed with ``source``) if ``split`` was made for other labels than these train
     ``labels``; a split that records none returns the notice to show (it cannot be checked), else ``None``."""
@@ -175,6 +198,9 @@ def check_labels(split: SplitFile, labels: npt.ArrayLike, num_classes: int, sour
         return (f"{source} records no labels it was made for (written before fedrcl recorded them, or the "
                 "authors' format): it cannot be checked against this data's order")
     differ = labels_differ(split.labels, here)
+    if differ and "were edited" in differ:
+        raise ValueError(f"{source}: {differ}; use the file as fedrcl wrote it (split.json beside the run's "
+                         "config.yaml), or leave out data.partition_file to compute the partition")
     if differ:
         raise ValueError(f"{source}: {differ}; use the split with the data it was made for, or leave out "
                          "data.partition_file to compute the partition from this data")
