@@ -116,7 +116,7 @@ def _ids(values: list[Any], names: list[str]) -> np.ndarray:
 
 
 def read_huggingface(root: Path, columns: Columns, image_size: Optional[int]) -> ImageData:
-    """The train and test splits at ``root`` as :class:`ImageData` (``fedrcl.data.sources`` resizes and checks
+    """The train and test splits at ``root`` as ``ImageData`` (``fedrcl.data.sources`` resizes and checks
     the labels)."""
     loaded = _load(root)
     train, test = loaded["train"], loaded["test"]

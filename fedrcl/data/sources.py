@@ -5,15 +5,15 @@ Each reader returns :class:`~fedrcl.data.datasets.ImageData` (uint8 ``[N, H, W, 
 names; for data with domains or natural clients also a domain or client id per sample), decoded once; every bad
 file or array is named in one line (``ValueError``) before anything trains. Layouts:
 
-``npz``          ``FILE`` with ``x_train``, ``y_train``, ``x_test``, ``y_test`` (uint8 or float in [0, 1]; ``[N, H,
-                 W, C]`` or ``[N, H, W]``), optional ``classes`` (str), optional ``client_train`` (a natural client
-                 id per training sample), optional ``domain_train`` / ``domain_test`` with ``domains`` (str).
-``imagefolder``  ``DIR/train/<class>/*`` and ``DIR/test/<class>/*`` (torchvision's ``ImageFolder`` layout).
-``domainfolder`` ``DIR/<domain>/<class>/*`` (PACS, Office-Caltech, DomainNet); each domain's images are split
-                 into train and test per class (``test_fraction``, seeded).
-``leaf``         ``DIR/train/*.json`` and ``DIR/test/*.json`` in LEAF's format (``users``, ``num_samples``,
-                 ``user_data: {user: {x, y}}``, ``x`` a flattened square image in [0, 1]); a client per user.
-``huggingface``  a Hugging Face data set on disk with train and test splits (``fedrcl.data.huggingface``).
+- ``npz``: ``FILE`` with ``x_train``, ``y_train``, ``x_test``, ``y_test`` (uint8 or float in [0, 1];
+  ``[N, H, W, C]`` or ``[N, H, W]``), optional ``classes`` (str), optional ``client_train`` (a natural client id per
+  training sample), optional ``domain_train`` / ``domain_test`` with ``domains`` (str).
+- ``imagefolder``: ``DIR/train/<class>/*`` and ``DIR/test/<class>/*`` (torchvision's ``ImageFolder`` layout).
+- ``domainfolder``: ``DIR/<domain>/<class>/*`` (PACS, Office-Caltech, DomainNet); each domain's images are split
+  into train and test per class (``test_fraction``, seeded).
+- ``leaf``: ``DIR/train/*.json`` and ``DIR/test/*.json`` in LEAF's format (``users``, ``num_samples``,
+  ``user_data: {user: {x, y}}``, ``x`` a flattened square image in [0, 1]); a client per user.
+- ``huggingface``: a Hugging Face data set on disk with train and test splits (``fedrcl.data.huggingface``).
 """
 from __future__ import annotations
 
