@@ -38,6 +38,7 @@ from fedrcl.data.huggingface import Columns
 from fedrcl.data.sources import OWN_DATASETS, own_data_shape
 from fedrcl.errors import typed_pairs
 from fedrcl.federated.checkpoint import check_usable, local_checkpoint
+from fedrcl.federated.run_folder import held_by_another, hold_run_folders, release_run_folders
 from fedrcl.federated.trainer import OWNED_BY_ROUNDS, FederatedTrainer
 from fedrcl.methods import unknown_option
 from fedrcl.output import quiet_when_closed
@@ -286,6 +287,7 @@ class RunConfigCallback(SaveConfigCallback):
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if trainer.loggers:
+            hold_run_folders(trainer)  # the first write of a run built without LightningCLI's run (seeds, Flower)
             super().setup(trainer, pl_module, stage)
 
 
@@ -316,6 +318,15 @@ class FedRCLCLI(LightningCLI):
             assert isinstance(parser, FedRCLParser)  # fedrcl's parser_class, which keeps subcommands_action
             for name, (_, text) in OTHER_SUBCOMMANDS.items():
                 parser.subcommands_action.add_subcommand(name, ArgumentParser(description=text), help=text)
+
+    def __init__(self, *args: Any, save_config_callback: Any = RunConfigCallback, **kwargs: Any) -> None:
+        super().__init__(*args, save_config_callback=save_config_callback, **kwargs)
+
+    def before_fit(self) -> None:
+        """The run folder is this run's alone (``hold_run_folders``), before the data's setup writes ``split.json``."""
+        hold_run_folders(self.trainer)
+
+    before_validate = before_test = before_fit
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -433,6 +444,8 @@ def remove_failed_start(cli: Optional[FedRCLCLI]) -> None:
     if trainer is None or trainer.logged_metrics or not trainer.is_global_zero:
         return
     for folder, existed in getattr(cli, "_run_folders", []):
+        if held_by_another(folder):  # started at the same moment as this one, and writing it
+            continue
         if not existed and folder.is_dir() and not any(folder.rglob("*.ckpt")):
             shutil.rmtree(folder, ignore_errors=True)
         if not existed and folder.parent.is_dir() and not any(folder.parent.iterdir()) \
@@ -446,9 +459,13 @@ def build_cli(args: list[str] | None = None, cli: Optional[FedRCLCLI] = None, ru
     and trainer built and not run."""
     quiet_when_closed()  # ``fedrcl fit ... | head``: a closed pipe silences the output, never the run
     cli = cli if cli is not None else FedRCLCLI.__new__(FedRCLCLI)
-    type(cli).__init__(cli, FedAvg, FederatedDataModule, trainer_class=FederatedTrainer,
-                       subclass_mode_model=True, parser_class=FedRCLParser, seed_everything_default=0,
-                       parser_kwargs={"prog": "fedrcl", "description": DESCRIPTION},
-                       save_config_callback=RunConfigCallback, save_config_kwargs={"overwrite": True},
-                       args=args, run=run)
+    try:
+        type(cli).__init__(cli, FedAvg, FederatedDataModule, trainer_class=FederatedTrainer,
+                           subclass_mode_model=True, parser_class=FedRCLParser, seed_everything_default=0,
+                           parser_kwargs={"prog": "fedrcl", "description": DESCRIPTION},
+                           save_config_callback=RunConfigCallback, save_config_kwargs={"overwrite": True},
+                           args=args, run=run)
+    finally:
+        if run and getattr(cli, "trainer", None) is not None:  # the run has ended: its folders are free
+            release_run_folders(cli.trainer)
     return cli

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, run_cli
 
 QUICK = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.num_clients", "10",
          "--trainer.accelerator", "cpu", "--trainer.enable_model_summary", "false",
@@ -345,3 +345,64 @@ def test_a_split_files_edited_client_is_named(data_root, tmp_path):
         f"data.partition_file {path}: client 3's indices were edited after the file was written (and 1 more: 5): "
         "its labels no longer match the per-client hashes the file records; use the file as fedrcl wrote it "
         "(split.json beside the run's config.yaml), or leave out data.partition_file to compute the partition")
+
+
+# -- one writer per run folder -------------------------------------------------------------------------------
+HOLD = ("import sys, time; from fedrcl.federated.run_folder import hold_run_folder; hold_run_folder(sys.argv[1]); "
+        "print('held', flush=True); time.sleep(300)")
+
+
+@contextlib.contextmanager
+def held(folder: Path) -> Iterator[subprocess.Popen]:
+    """Another process holding ``folder`` (as a run writing into it does) until the block ends."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), "fedrcl-fit-elsewhere"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+def test_a_second_writer_into_a_run_folder_is_refused(data_root, tmp_path):
+    folder = tmp_path / "quickstart" / "version_0"
+    with held(folder) as other:
+        code, err = fedrcl_main("fit", *QUICK, *FIT_QUICK, "--data.root", str(data_root),
+                                "--trainer.logger.init_args.save_dir", str(tmp_path),
+                                "--trainer.logger.init_args.version", "0")
+        assert code == 1
+        one_line(err, f"fedrcl: error: the run folder {folder} is being written by another run, PID {other.pid} (")
+        assert sorted(p.name for p in folder.iterdir()) == ["fedrcl.lock"], "the other run's folder was touched"
+    # killed (kill -9 leaves its lock): the lock is taken over, the run trains, and its lock is gone at its end
+    assert (folder / "fedrcl.lock").is_file()
+    run_cli(data_root, tmp_path, "--trainer.logger.init_args.version", "0", rounds=1)
+    assert (folder / "checkpoints" / "last.ckpt").is_file() and not (folder / "fedrcl.lock").exists()
+
+
+def test_seeds_together_refuse_a_folder_another_run_writes(data_root, tmp_path):
+    from fedrcl import seeds
+
+    folder = tmp_path / "quickstart" / "seed0" / "version_0"
+    with held(folder) as other, pytest.raises(SystemExit) as info:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            seeds.main(["--seeds", "0", "1", "--together", *together_args(data_root, tmp_path, 1),
+                        "--trainer.logger.init_args.version", "0"])  # started at once: the same version
+    assert info.value.code == 1
+    assert f"fedrcl seeds --together: error: the run folder {folder} is being written by another run, PID " \
+           f"{other.pid}" in err.getvalue(), err.getvalue()
+    assert sorted(p.name for p in folder.iterdir()) == ["fedrcl.lock"]
+
+
+def test_a_stale_lock_of_a_killed_run_is_taken_over(tmp_path):
+    from fedrcl.federated.run_folder import RunFolderTaken, hold_run_folder, release_run_folders
+
+    with held(tmp_path) as other:
+        with pytest.raises(RunFolderTaken, match=f"PID {other.pid} "):
+            hold_run_folder(tmp_path)
+        other.kill()  # kill -9
+        other.wait()
+        hold_run_folder(tmp_path)
+    assert f'"pid": {os.getpid()}' in (tmp_path / "fedrcl.lock").read_text()
+    release_run_folders()
+    assert not (tmp_path / "fedrcl.lock").exists()

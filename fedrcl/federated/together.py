@@ -52,6 +52,7 @@ from fedrcl.federated.client_step import ClientStep, StepInputs
 from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.divergence import DivergenceError
 from fedrcl.federated.driven import log_round, not_run, open_run, save_round, write_run_folder
+from fedrcl.federated.run_folder import hold_run_folders
 from fedrcl.federated.progress import RunClock, round_line, run_summary
 from fedrcl.federated.round import ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
@@ -172,6 +173,7 @@ class Cohort:
             args, ckpt_path = split_ckpt_path(args)
             run = SeedRun(seed, build_cli(args, run=False))
             self.seeds.append(run)
+            hold_run_folders(run.trainer)  # before setting up its data writes split.json there
             reason = static_reason(run)
             if reason is not None:
                 raise NotTogether(f"seed {seed}: {reason}")
