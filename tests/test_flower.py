@@ -31,6 +31,7 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 pytest.importorskip("flwr", reason="Flower is an optional extra: pip install -e '.[flower]'")
 
 from conftest import REPO, run_cli, run_in_process_group  # noqa: E402
+from flower_fixtures import NotStarted, started  # noqa: E402
 from fedrcl.analysis.runs import load_scalars  # noqa: E402
 from fedrcl.federated.sampling import sample_clients  # noqa: E402
 
@@ -138,7 +139,16 @@ def runs(data_root, tmp_path_factory):
         every += [args, longer]
     script = ("import json, sys; from fedrcl.flower.simulation import simulate; "
               "runs = json.loads(sys.argv[1]); simulate(runs[0], more=runs[1:])")
-    out = run_beside_busy_cores([sys.executable, "-c", script, json.dumps(every)], tmp, STARTED)
+
+    def simulation(attempt: int) -> str:
+        if attempt:  # a start Ray or Flower lost: again from empty run folders
+            for folder in ("flower", "flower_resumed", "flower_hooks"):
+                shutil.rmtree(tmp / folder, ignore_errors=True)
+        return run_beside_busy_cores([sys.executable, "-c", script, json.dumps(every)], tmp, STARTED)
+
+    out = started("the module's Flower simulation", simulation)
+    if isinstance(out, NotStarted):
+        return out
     (tmp / "simulation.log").write_text(out)
     return {name: (tmp / "fit" / name / "quickstart" / "version_0",
                    tmp / "flower" / name / "quickstart" / "version_0") for name in METHODS}

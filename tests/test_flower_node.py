@@ -37,6 +37,7 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 pytest.importorskip("flwr", reason="Flower is an optional extra: pip install -e '.[flower]'")
 
 from conftest import REPO, run_in_process_group  # noqa: E402
+from flower_fixtures import NotStarted, started  # noqa: E402
 from fedrcl.flower import worker  # noqa: E402
 from fedrcl.flower.localhost import APP, QUIET, absolute, free_port  # noqa: E402
 
@@ -356,37 +357,40 @@ BAD_NODES = {  # node config -> what the refusal names; partition 0 is served by
 
 
 @pytest.fixture(scope="module")
-def refused_run(data_root, tmp_path_factory) -> dict:
+def refused_run(data_root, tmp_path_factory) -> dict | NotStarted:
     """One SuperLink with a good SuperNode (partition 0) and one SuperNode per ``BAD_NODES`` config (each with
     a state-dir of its own), and one ``flwr run`` on them: its output, each bad node's output lines with their
     times and state-dir, and when ``flwr run`` ended. (One deployment for both bad nodes: the run names every
     node that refused, ``Fleet.discover``.)"""
-    tmp = tmp_path_factory.mktemp("bad_nodes")
-    states = {bad: tmp / f"bad-state{i}" for i, bad in enumerate(BAD_NODES)}
-    configs = [f"partition-id=0 num-partitions=2 state-dir='{tmp}/state'",
-               *(bad.format(tmp=tmp) + f" state-dir='{state}'" for bad, state in states.items())]
-    with superlink_with_nodes(tmp, configs) as (env, outputs):
-        deadline = time.monotonic() + 90  # every node registered, so the run asks all three at its start
-        while not all(any("SuperNode ID:" in line for _, line in output) for output in outputs):
-            assert time.monotonic() < deadline, "".join(line for output in outputs for _, line in output)
-            time.sleep(0.2)
-        fedrcl_args = shlex.join(absolute(args_for(data_root, tmp / "runs", 1)))
-        command = ["flwr", "run", str(APP), "localhost", "--stream", "--run-config",
-                   f"fedrcl-args={json.dumps(fedrcl_args)}"]
-        proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        lines: list[tuple[float, str]] = []
-        reader = _reader(proc.stdout, lines)
-        try:
-            proc.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            pytest.fail("flwr run did not end in 300 s:\n" + "".join(line for _, line in lines[-60:]))
-        finally:
-            end_group(proc)
-        reader.join(timeout=10)
-        ended_at = time.monotonic()
-    return {"out": "".join(line for _, line in lines), "ended_at": ended_at, "tmp": tmp,
-            "nodes": {bad: (outputs[i + 1], states[bad]) for i, bad in enumerate(BAD_NODES)}}
+    def deploy_and_run(attempt: int) -> dict:
+        tmp = tmp_path_factory.mktemp(f"bad_nodes{attempt}")
+        states = {bad: tmp / f"bad-state{i}" for i, bad in enumerate(BAD_NODES)}
+        configs = [f"partition-id=0 num-partitions=2 state-dir='{tmp}/state'",
+                   *(bad.format(tmp=tmp) + f" state-dir='{state}'" for bad, state in states.items())]
+        with superlink_with_nodes(tmp, configs) as (env, outputs):
+            deadline = time.monotonic() + 90  # every node registered, so the run asks all three at its start
+            while not all(any("SuperNode ID:" in line for _, line in output) for output in outputs):
+                assert time.monotonic() < deadline, "".join(line for output in outputs for _, line in output)
+                time.sleep(0.2)
+            fedrcl_args = shlex.join(absolute(args_for(data_root, tmp / "runs", 1)))
+            command = ["flwr", "run", str(APP), "localhost", "--stream", "--run-config",
+                       f"fedrcl-args={json.dumps(fedrcl_args)}"]
+            proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            lines: list[tuple[float, str]] = []
+            reader = _reader(proc.stdout, lines)
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                pytest.fail("flwr run did not end in 300 s:\n" + "".join(line for _, line in lines[-60:]))
+            finally:
+                end_group(proc)
+            reader.join(timeout=10)
+            ended_at = time.monotonic()
+        return {"out": "".join(line for _, line in lines), "ended_at": ended_at, "tmp": tmp,
+                "nodes": {bad: (outputs[i + 1], states[bad]) for i, bad in enumerate(BAD_NODES)}}
+
+    return started("the module's SuperLink, SuperNodes and flwr run", deploy_and_run)
 
 
 @pytest.mark.slow

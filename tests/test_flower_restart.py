@@ -23,6 +23,7 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 pytest.importorskip("flwr", reason="Flower is an optional extra: pip install -e '.[flower]'")
 
 from conftest import run_cli  # noqa: E402
+from flower_fixtures import started  # noqa: E402
 from test_flower import FLOWER_ENV, flower_args, last_weights  # noqa: E402
 
 from fedrcl.flower.localhost import LocalDeployment  # noqa: E402
@@ -58,9 +59,14 @@ def in_background(deployment: LocalDeployment, args: list[str]) -> tuple[threadi
 def nodes(tmp_path_factory) -> Iterator[LocalDeployment]:
     """The module's deployment: a SuperLink and 2 SuperNodes, started once (seconds of process starts) for
     its runs; a lost node waits 20 s for its node to come back."""
-    with LocalDeployment(nodes=2, workdir=tmp_path_factory.mktemp("deployment"), env=FLOWER_ENV,
-                         run_config={"node-restart-wait": 20}) as deployment:
+    deployment = started("the module's SuperLink and 2 SuperNodes", lambda attempt: LocalDeployment(
+        nodes=2, workdir=tmp_path_factory.mktemp(f"deployment{attempt}"), env=FLOWER_ENV,
+        run_config={"node-restart-wait": 20}).__enter__())  # its start ends its processes if it fails
+    try:
         yield deployment
+    finally:
+        if isinstance(deployment, LocalDeployment):
+            deployment.__exit__()
 
 
 @pytest.mark.slow

@@ -406,3 +406,30 @@ def test_a_stale_lock_of_a_killed_run_is_taken_over(tmp_path):
     assert f'"pid": {os.getpid()}' in (tmp_path / "fedrcl.lock").read_text()
     release_run_folders()
     assert not (tmp_path / "fedrcl.lock").exists()
+
+
+# -- Flower's process-starting fixtures under load -------------------------------------------------------------
+def test_a_lost_start_is_tried_again_and_a_second_loss_fails_each_test_with_its_reason():
+    from flower_fixtures import NotStarted, started
+
+    tries = []
+
+    def lost_once(attempt: int) -> dict:
+        tries.append(attempt)
+        if attempt == 0:
+            pytest.fail("the simulation did not start in 240 s with every core busy")
+        return {"fedavg": "run"}
+
+    assert started("the simulation", lost_once) == {"fedavg": "run"} and tries == [0, 1]
+
+    def never(attempt: int) -> dict:
+        raise TimeoutError(f"the SuperLink did not start (try {attempt})")
+
+    runs = started("the module's SuperLink", never)
+    assert isinstance(runs, NotStarted)
+    with pytest.raises(pytest.fail.Exception, match=re.escape(
+            "the module's SuperLink did not run (twice): TimeoutError: the SuperLink did not start (try 0) | then: "
+            "TimeoutError: the SuperLink did not start (try 1)")):
+        runs["fedavg"]
+    with pytest.raises(pytest.fail.Exception, match="did not run"):
+        runs.workdir
