@@ -4,7 +4,9 @@ Builds a CIFAR-shaped data module (random uint8 images, 10 classes, 5 clients) o
 and times a client's step as the round makes it: the batch gathered by index, augmented and shifted on the device
 (``FederatedDataModule.client_batches``), then forward, loss, backward and SGD of the small CNN (batch 50). The
 shifts and the plain data alternate in blocks within one process; prints per shift the median milliseconds per
-step and ``ratio=<shift / none>``, and last ``mean_ratio=`` over the shifts.
+step by this process's CPU time (``time.process_time``: less shaken by other work on shared cores than wall time),
+the median milliseconds of making the batch alone (gather, augmentation, shift), ``ratio=<shift / none>`` of the
+step, and last ``mean_ratio=`` over the shifts.
 
     OMP_NUM_THREADS=1 python bench/feature_skew.py [--device cpu|cuda] [--repeats 5] [--severity 3]
 """
@@ -25,22 +27,26 @@ from fedrcl.data.feature_skew import SEVERITIES
 from fedrcl.models import SmallCNN
 
 
-def steps_seconds(dm: FederatedDataModule, model: torch.nn.Module, device: str, steps: int) -> float:
-    """Seconds per step over ``steps`` steps of client 0 (batches made as in a round)."""
+def steps_seconds(dm: FederatedDataModule, model: torch.nn.Module, device: str, steps: int,
+                  train: bool = True) -> float:
+    """CPU seconds per step over ``steps`` steps of client 0 (batches made as in a round); ``train=False``:
+    making the batches alone. On CUDA, wall seconds."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = dm.client_batches(0, round_idx=0, local_epochs=100, seed=0)
+    clock = time.perf_counter if device == "cuda" else time.process_time
     if device == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start = clock()
     for _ in range(steps):
         x, y = next(batches)
-        loss = F.cross_entropy(model(x).logits, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if train:
+            loss = F.cross_entropy(model(x).logits, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
     if device == "cuda":
         torch.cuda.synchronize()
-    return (time.perf_counter() - start) / steps
+    return (clock() - start) / steps
 
 
 def main() -> None:
@@ -73,17 +79,20 @@ def main() -> None:
     for dm in modules.values():  # warm-up
         steps_seconds(dm, model, args.device, 3)
     times: dict[str, list[float]] = {k: [] for k in modules}
+    batch_times: dict[str, list[float]] = {k: [] for k in modules}
     for _ in range(args.repeats):
         for kind, dm in modules.items():
             times[kind].append(steps_seconds(dm, model, args.device, args.steps))
+            batch_times[kind].append(steps_seconds(dm, model, args.device, args.steps, train=False))
     base = statistics.median(times["none"])
-    print(f"none: {1000 * base:.2f} ms/step (small CNN, batch 50, 32x32x3, severity {args.severity}, "
-          f"{args.device}, {torch.get_num_threads()} threads)")
+    print(f"none: {1000 * base:.2f} ms/step, batch {1000 * statistics.median(batch_times['none']):.2f} ms (small "
+          f"CNN, batch 50, 32x32x3, severity {args.severity}, {args.device}, {torch.get_num_threads()} threads)")
     ratios = []
     for kind in kinds:
         t = statistics.median(times[kind])
         ratios.append(t / base)
-        print(f"{kind}: {1000 * t:.2f} ms/step ratio={t / base:.3f}")
+        print(f"{kind}: {1000 * t:.2f} ms/step, batch {1000 * statistics.median(batch_times[kind]):.2f} ms, "
+              f"ratio={t / base:.3f}")
     print(f"mean_ratio={statistics.mean(ratios):.3f}")
 
 
