@@ -188,7 +188,8 @@ def curve_groups(specs: Sequence[Spec], tags: Sequence[str] = ("val/acc", EMA_TA
         found, runs = _runs_with(typed, path, tags, notes)
         if not runs:
             raise ValueError(f"{typed}: no runs with {', '.join(tags)} under {path} (run folders with config.yaml "
-                             "and TensorBoard or CSVLogger logs); name event files without a config as LABEL=PATH"
+                             "and TensorBoard or CSVLogger logs; no other logger's files are read: W&B's and MLflow's runs are "
+                             "read in their own tools); name event files without a config as LABEL=PATH"
                              + (f"; left out: {'; '.join(notes)}" if notes else ""))
         left_out += notes
         experiments = seed_groups(runs)

@@ -521,7 +521,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             found += f"; {len(unread) - without_config} version folders not read ({path}: {why})"
         command_error("fedrcl report", f"no runs under {args.runs_dir}{found} (a run is a folder of version_* "
                       "folders, each with the config.yaml of `fedrcl fit` and TensorBoard event files or a "
-                      "CSVLogger metrics.csv)")
+                      "CSVLogger metrics.csv; fedrcl report reads no other logger's files: W&B's and MLflow's runs "
+                      "are read in their own tools)")
     text = render_report(runs, title=args.runs_dir, seed_tags=args.tags, paper_tables=args.paper,
                          unread=unread, root=Path(args.runs_dir), rounds=args.rounds)
     if out is None:

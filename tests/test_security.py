@@ -433,3 +433,35 @@ def test_a_lost_start_is_tried_again_and_a_second_loss_fails_each_test_with_its_
         runs["fedavg"]
     with pytest.raises(pytest.fail.Exception, match="did not run"):
         runs.workdir
+
+
+# -- a logger fedrcl does not read ---------------------------------------------------------------------------
+def test_a_wandb_runs_closing_line_names_the_folder_of_its_checkpoints(tmp_path, monkeypatch):
+    """W&B offline: the closing line names ``<save_dir>/<project>/<run id>``, where Lightning puts its
+    checkpoints (it named the working folder)."""
+    pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import WandbLogger
+
+    from fedrcl.federated.progress import RunClock, run_summary
+    from fedrcl.federated.trainer import FederatedTrainer
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path / "runs"), project="quick", id="run0")
+    trainer = FederatedTrainer(rounds=1, logger=logger, accelerator="cpu", enable_progress_bar=False,
+                               default_root_dir=str(tmp_path / "root"))
+    lines = run_summary(trainer, RunClock()).splitlines()
+    assert f"  run folder: {tmp_path / 'runs' / 'quick' / 'run0'}" in lines, lines
+    checkpoints = trainer.checkpoint_callback._ModelCheckpoint__resolve_ckpt_dir(trainer)  # Lightning's own rule
+    assert Path(checkpoints) == tmp_path / "runs" / "quick" / "run0" / "checkpoints"
+
+
+def test_report_and_plot_say_which_loggers_they_read(tmp_path, capsys):
+    from fedrcl import plot, report
+
+    (tmp_path / "wandb" / "offline-run-1-run0" / "files").mkdir(parents=True)
+    for main in (report.main, plot.main):
+        with pytest.raises(SystemExit):
+            main([str(tmp_path)])
+        err = capsys.readouterr().err
+        assert "TensorBoard" in err and "CSVLogger" in err and "W&B's and MLflow's runs are read in their own " \
+               "tools" in err, err

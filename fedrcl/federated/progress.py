@@ -185,7 +185,9 @@ def run_summary(trainer: L.Trainer, clock: RunClock, last: Optional[dict[str, An
     metrics = [f"{k} {float(values[k]):.4f}" for k in ("val/acc", "val/acc_ema", "privacy/epsilon") if k in values]
     lines.append(f"fedrcl: {done}/{trainer.max_epochs} rounds in {duration(clock.elapsed())}"
                  + (f"; {', '.join(metrics)}" if metrics else ""))
-    folder = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
+    from fedrcl.federated.run_folder import logger_folder  # where its checkpoints are, for any logger
+
+    folder = logger_folder(trainer, trainer.logger) if trainer.logger is not None else None
     lines.append(f"  run folder: {folder or trainer.default_root_dir}")
     checkpoints = [path for c in trainer.checkpoint_callbacks if (path := getattr(c, "last_model_path", ""))]
     if checkpoints:

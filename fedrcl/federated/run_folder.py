@@ -130,6 +130,19 @@ def held_by_another(folder: Path) -> bool:
     return holder is not None and (holder["pid"] != os.getpid() or holder.get("host") != socket.gethostname())
 
 
+def logger_folder(trainer: L.Trainer, logger: Any) -> Optional[Path]:
+    """The run folder of ``logger``, a local one: TensorBoard's and CSVLogger's ``log_dir`` (``version_k``); for
+    any other logger (W&B, MLflow, ...) the folder Lightning's ``ModelCheckpoint`` puts the run's
+    ``checkpoints`` in, ``<save_dir>/<name>/<version>`` (W&B's own files go to its ``wandb`` folder); ``None``
+    where that is not a local path."""
+    log_dir = getattr(logger, "log_dir", None)
+    if log_dir is None:
+        save_dir = logger.save_dir or trainer.default_root_dir
+        version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+        log_dir = str(Path(save_dir) / str(logger.name) / version)
+    return Path(log_dir) if "://" not in str(log_dir) else None
+
+
 def run_folders(trainer: L.Trainer) -> list[Path]:
     """The local run folders (``log_dir``) of the trainer's loggers."""
     folders = []
