@@ -465,3 +465,16 @@ def test_report_and_plot_say_which_loggers_they_read(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "TensorBoard" in err and "CSVLogger" in err and "W&B's and MLflow's runs are read in their own " \
                "tools" in err, err
+
+
+def test_report_reads_an_event_file_up_to_a_bound(tmp_path):
+    from fedrcl.analysis.runs import read_scalars
+
+    version = tmp_path / "version_0"
+    version.mkdir()
+    with open(version / "events.out.tfevents.1.host.1.0", "wb") as f:
+        f.truncate(1500 << 20)  # 1.5 GB, sparse
+    curves, problems = read_scalars(tmp_path)
+    assert curves == {}
+    assert problems == [(version / "events.out.tfevents.1.host.1.0",
+                         "1572864000 bytes, more than fedrcl reads of an event file (1 GiB); not read")]

@@ -33,6 +33,7 @@ LogProblem = tuple[Path, str]
 """``(log file, why it was not read whole)``."""
 
 Points = dict[str, dict[int, float]]
+MAX_EVENT_BYTES = 1 << 30  # an event file is read whole; a run's scalars take a few MB, its figures more
 
 
 def version_number(path: Path) -> int:
@@ -104,6 +105,10 @@ def _read_event_file(path: Path, points: Points) -> Optional[str]:
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
     try:
+        size = path.stat().st_size
+        if not path.is_file() or size > MAX_EVENT_BYTES:  # a device or a pipe never ends; read whole below
+            what = f"{size} bytes" if path.is_file() else "not a regular file"
+            return f"{what}, more than fedrcl reads of an event file ({MAX_EVENT_BYTES >> 30} GiB); not read"
         data = path.read_bytes()
     except OSError as error:
         return f"not readable ({error.strerror or error})"
