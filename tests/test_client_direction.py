@@ -129,3 +129,44 @@ def test_server_state_at_round_start_together_equals_fit(data_root, tmp_path, ca
     together, alone = last(tmp_path / "together", 0, version=version), last(tmp_path / "alone", 0)
     assert together["epoch"] == alone["epoch"] == 3
     assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-9
+
+
+HOOKS = ["start", "round_start 0", "round_end 0", "round_start 1", "round_end 1", "end"]
+
+
+def test_a_user_callbacks_round_hooks_run_in_fit_and_together(data_root, tmp_path, capsys):
+    """A user's Lightning callback sees every round start and end (and the run's start and end) in ``fedrcl fit``
+    and in each seed of ``fedrcl seeds --together``, with ``trainer.current_epoch`` the round's index; the
+    per-step hooks a driven run does not call are named in one line."""
+    hooks = ("--trainer.callbacks+=round_hooks.RoundHooks", "--trainer.callbacks.path")
+    fit = run_cli(data_root, tmp_path / "fit", *hooks, str(tmp_path / "fit.txt"), rounds=2,
+                  model="fedrcl.algorithms.FedAvg")
+    fit.trainer.fit(fit.model, fit.datamodule)
+    assert (tmp_path / "fit.txt").read_text().split("\n")[:-1] == HOOKS
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "together", rounds=2),
+                "--trainer.callbacks", "[]", *hooks, str(tmp_path / "together.txt")])
+    out = capsys.readouterr().out
+    assert "--together:" not in out, out
+    lines = (tmp_path / "together.txt").read_text().split("\n")[:-1]
+    assert sorted(lines) == sorted(HOOKS * 2)  # each seed's own trainer, its rounds in order
+    assert [line for line in lines if line.startswith("round")] == [h for h in HOOKS[1:-1] for _ in (0, 1)]
+
+
+def test_a_callbacks_step_hooks_are_named_as_not_run():
+    """``not_run`` names fedrcl's analysis callbacks and each user callback's per-step hooks, not its round hooks."""
+    from types import SimpleNamespace
+
+    import lightning as L
+    from round_hooks import RoundHooks
+
+    from fedrcl.analysis import RepresentationMonitor
+    from fedrcl.federated.driven import not_run, round_callbacks
+
+    class PerStep(L.Callback):
+        def on_train_batch_end(self, *args):
+            pass
+
+    callbacks = [RoundHooks("x"), PerStep(), RepresentationMonitor(every_n_rounds=1)]
+    trainer = SimpleNamespace(callbacks=callbacks)
+    assert not_run(trainer) == ["RepresentationMonitor", "PerStep.on_train_batch_end"]
+    assert round_callbacks(trainer) == callbacks[:2]

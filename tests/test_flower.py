@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import os
 import shutil
 import signal
@@ -137,6 +138,9 @@ def runs(data_root, tmp_path_factory):
         longer = [*args, "--ckpt_path", "last"]
         longer[longer.index("--trainer.rounds") + 1] = str(ROUNDS + 1)
         every += [args, longer]
+    # a user's callback's round hooks, and trainer.max_time of one second: the run stops after its first round
+    every.append([*flower_args(data_root, tmp / "flower_hooks", "fedavg"), "--trainer.callbacks+=round_hooks.RoundHooks",
+                  "--trainer.callbacks.path", str(tmp / "hooks.txt"), "--trainer.max_time", "00:00:00:01"])
     script = ("import json, sys; from fedrcl.flower.simulation import simulate; "
               "runs = json.loads(sys.argv[1]); simulate(runs[0], more=runs[1:])")
 
@@ -514,3 +518,47 @@ def test_a_flower_run_opens_on_accuracy_in_tensorboard_as_a_fit_run(runs):
               for run in (fit, flower)]
     assert copies[0] == copies[1] and set(copies[0]) == {"accuracy/val/acc", "accuracy/val/acc_ema"}
     assert len(copies[1]["accuracy/val/acc"]) == ROUNDS
+
+
+def test_flower_calls_a_callbacks_round_hooks_and_honours_max_time(runs):
+    """On Flower's server a user's callback sees the run's start, each round's start and end and the run's end;
+    ``trainer.max_time`` (one second: past it after round 1 of 3) ends the run after that round, checkpointed,
+    and the summary says why, as ``fedrcl fit`` and seeds together do (``DrivenRun``)."""
+    tmp = runs["fedavg"][1].parents[3]
+    assert (tmp / "hooks.txt").read_text().split("\n")[:-1] == ["start", "round_start 0", "round_end 0", "end"]
+    ckpt = torch.load(tmp / "flower_hooks" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt",
+                      weights_only=True)
+    assert ckpt["epoch"] == 0
+    log = (tmp / "simulation.log").read_text()
+    assert "stopped early: trainer.max_time reached after round 1" in log
+
+
+def test_sigterm_ends_a_flower_simulation_after_a_round_checkpointed(data_root, tmp_path):
+    """SIGTERM to a Flower simulation (``python -m fedrcl.flower``'s process): the round in progress ends, is
+    checkpointed (not due: every 1000 rounds), the log says how to resume, and the process exits with 128 + 15."""
+    args = [*flower_args(data_root, tmp_path, "fedavg"), "--trainer.checkpoint_every", "1000"]
+    args[args.index("--trainer.rounds") + 1] = "50"
+    log = tmp_path / "simulation.out"
+    script = "import json, sys; from fedrcl.flower.simulation import simulate; simulate(json.loads(sys.argv[1]))"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(args)], cwd=tmp_path,
+                                env={**os.environ, **FLOWER_ENV}, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while "Round 1/50" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, f"no round in 300 s:\n{log.read_text()[-4000:]}"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)  # the simulation's own process; Ray's workers are its children
+        assert proc.wait(timeout=240) == 128 + signal.SIGTERM, log.read_text()[-4000:]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    text = log.read_text()
+    assert "SIGTERM: The run stopped after round" in text and "resume with --ckpt_path last" in text, text[-3000:]
+    done = int(re.findall(r"The run stopped after round (\d+)", text)[-1])
+    ckpt = torch.load(tmp_path / "quickstart" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["epoch"] == done - 1 and 1 <= done < 50

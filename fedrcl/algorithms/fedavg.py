@@ -218,6 +218,7 @@ class FedAvg(ClientExchange, L.LightningModule):
         outside autograd, and Lightning's backward, clipping and optimizer step run on ``sum <w, d>``, whose
         gradient is exactly ``d``; ``local_loss`` is the step's real loss (the divergence check's)."""
         stacked = self.stack
+        params: Tensors
         with torch.no_grad():
             if stacked is None:
                 params = dict(self.backbone.named_parameters())

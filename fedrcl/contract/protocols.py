@@ -18,6 +18,12 @@ class ClientStack(Protocol):
         """Per-client losses ``[K]`` and loss parts (each ``[K]``) of one stacked batch (``x[k]``, ``y[k]``)."""
         ...
 
+    params: dict[str, Tensor]  # the stacked weights ``[K, ...]`` by the backbone's parameter names
+
+    def directions(self, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
+        """Each client's ``client_direction`` on its batch: directions ``[K, ...]``, losses ``[K]``, parts."""
+        ...
+
     def clip_grad_norm_(self, max_norm: float) -> None:
         """Clip each client's gradient to total 2-norm ``max_norm``."""
         ...

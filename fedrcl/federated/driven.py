@@ -1,16 +1,20 @@
-"""A federated run driven outside Lightning's fit loop: Flower's server (``fedrcl.flower.server``) and seeds
-trained together (``fedrcl.federated.together``).
+"""A federated run driven outside Lightning's fit loop: seeds trained together (``fedrcl.federated.together``)
+and Flower's server (``fedrcl.flower.server``).
 
 Such a driver builds the run as ``fedrcl fit`` does (same objects, seeds, initial weights), then runs its own
-rounds; these functions give it the rest of ``fedrcl fit``'s run folder: the module attached and set up for
-fitting, ``--ckpt_path`` resumed (``open_run``), ``config.yaml``, ``split.json``, checkpoint callbacks and the
-TensorBoard layout (``write_run_folder``), central evaluation with the accuracy EMA (``evaluate``), each
-round's scalars with TensorBoard's accuracy copies (``log_round``), and round checkpoints that
-``--ckpt_path last`` of ``fedrcl fit`` reads (``save_round``). Callbacks of the config that such a run does
-not call are named before it starts (``not_run``).
+rounds; ``DrivenRun`` is one federation's run for every driver: the round's end written once (scalars, the
+round's line, user callbacks' round hooks, the round's checkpoint, ``trainer.max_time``, the privacy budget, the
+closing summary). The functions give it the rest of ``fedrcl fit``'s run folder: the module attached and set up
+for fitting, ``--ckpt_path`` resumed (``open_run``), ``config.yaml``, ``split.json``, checkpoint callbacks and
+the TensorBoard layout (``write_run_folder``), central evaluation (``evaluate``), each round's scalars with
+TensorBoard's accuracy copies (``log_round``), and round checkpoints that ``--ckpt_path last`` of ``fedrcl fit``
+reads (``save_round``). What of the config's callbacks such a run does not call is named before it starts
+(``not_run``).
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any, Optional
 
 import lightning as L
@@ -26,19 +30,135 @@ from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint
 from fedrcl.federated.federation import Federation
 from fedrcl.federated.local_update import attach
 from fedrcl.federated.preemption import Preemption
-from fedrcl.federated.progress import RoundLines, RoundLog
+from fedrcl.federated.progress import RoundLines, RoundLog, RunClock, round_line, run_summary
+
+# What a driven run calls of a user's callback (its rounds are not Lightning's: no step, no validation loop)
+ROUND_HOOKS = ("on_train_start", "on_train_epoch_start", "on_train_epoch_end", "on_train_end")
+# Lightning's per-step and evaluation-loop hooks, which a driven run never calls (named before it starts)
+STEP_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",
+              "on_before_optimizer_step", "on_before_zero_grad", "on_validation_start", "on_validation_end",
+              "on_validation_epoch_start", "on_validation_epoch_end", "on_validation_batch_start",
+              "on_validation_batch_end")
 
 
-def not_run(trainer: L.Trainer, handled: tuple[type, ...] = ()) -> list[str]:
-    """The config's callbacks that a driven run does not call (its rounds are not Lightning's), among them every
-    ``RoundCallback``: their ``on_client_end`` needs each client's local model inside Lightning's round loop.
-    The run names them before it starts. Not named: fedrcl's own defaults, whose work the driver does (the
-    round's line, the TensorBoard layout, the checkpoints; a signal is the driver's to handle) or that only
-    print at fit's start (the model summary), and the ``handled`` types (a ``Timer`` where the driver keeps
-    ``trainer.max_time``)."""
-    kept = (SaveConfigCallback, ModelCheckpoint, ModelSummary, ProgressBar, Federation, Preemption, ScalarLayout,
-            RoundLog, RoundLines, *handled)
-    return [type(c).__name__ for c in trainer.callbacks if not isinstance(c, kept)]  # type: ignore[attr-defined]
+# fedrcl's own defaults, whose work a driven run does itself (the round's line, the TensorBoard layout, the
+# checkpoints, the time limit; a signal is the driver's to handle) or that only print at fit's start
+OWN_CALLBACKS = (SaveConfigCallback, ModelCheckpoint, ModelSummary, ProgressBar, Federation, Preemption,
+                 ScalarLayout, RoundLog, RoundLines, Timer)
+
+
+def round_callbacks(trainer: L.Trainer) -> list[L.Callback]:
+    """The config's callbacks whose round hooks (``ROUND_HOOKS``) a driven run calls: a user's own, not fedrcl's
+    (``OWN_CALLBACKS``), nor fedrcl's analysis callbacks, which log through Lightning's loop (``not_run``)."""
+    return [c for c in trainer.callbacks  # type: ignore[attr-defined]
+            if not isinstance(c, OWN_CALLBACKS) and not type(c).__module__.startswith("fedrcl.")]
+
+
+def not_run(trainer: L.Trainer) -> list[str]:
+    """What of the config's callbacks a driven run does not call (its rounds are not Lightning's), named before
+    it starts: fedrcl's analysis callbacks (``RoundCallback``'s ``on_client_end`` needs each client's local model
+    inside Lightning's round loop, and they log through it), and each user callback's per-step or evaluation-loop
+    hook (``STEP_HOOKS``; its round hooks run)."""
+    named = [type(c).__name__ for c in trainer.callbacks  # type: ignore[attr-defined]
+             if not isinstance(c, OWN_CALLBACKS) and type(c).__module__.startswith("fedrcl.")]
+    for callback in round_callbacks(trainer):
+        named += [f"{type(callback).__name__}.{hook}" for hook in STEP_HOOKS
+                  if getattr(type(callback), hook) is not getattr(L.Callback, hook)]
+    return named
+
+
+@dataclasses.dataclass
+class DrivenRun:
+    """One federation driven outside Lightning's fit loop (each seed of ``fedrcl seeds --together``, a Flower
+    server's run): where it stands, and the round's end written once for every driver, as ``fedrcl fit`` ends a
+    round: the scalars (``train/*`` means, ``train/lr``, ``time/round_seconds``, ``val/acc`` and its EMA, the
+    privacy accountant's, the ledger's) logged, the round's line, the user callbacks' round hooks, the round's
+    checkpoint (written before anything of the next round begins), the time limit (``trainer.max_time``) and the
+    privacy budget (``max_epsilon``); a stop (a signal, a failure) checkpoints the last round done."""
+
+    trainer: Any
+    module: Any
+    datamodule: Any
+    say: Callable[[str], None] = print  # how its lines are told (a seed's begin with ``seed k:``)
+    next_round: int = 0
+    steps: int = 0  # the clients' local steps so far (``global_step``)
+    clock: RunClock = dataclasses.field(default_factory=RunClock)
+    saved: bool = True  # whether the last round done is checkpointed
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    stopped: Optional[str] = None  # why it stopped before its last round (``trainer.max_time``, the budget)
+    failed: Optional[str] = None  # why it failed (a diverged round: its last checkpoint is its last good round)
+
+    @property
+    def done(self) -> bool:
+        return self.stopped is not None or self.failed is not None or self.next_round >= self.trainer.max_epochs
+
+    def timer(self) -> Optional[Timer]:
+        return next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+
+    def open(self) -> None:
+        """Write the run folder, start the clock and the time limit, call the callbacks' ``on_train_start``."""
+        write_run_folder(self.trainer, self.module, self.datamodule)
+        self.clock.fit_started(self.trainer)
+        timer = self.timer()
+        if timer is not None:
+            timer.on_train_start(self.trainer, self.module)
+        self._call("on_train_start")
+
+    def begin_round(self) -> None:
+        """A round begins: the callbacks' ``on_train_epoch_start``."""
+        self._call("on_train_epoch_start")
+
+    def end_round(self, steps: int, train: dict[str, float], seconds: float, accuracy: Optional[float] = None,
+                  extra: Optional[dict[str, float]] = None) -> dict[str, float]:
+        """Round ``next_round`` has ended with ``steps`` client steps, its ``train/*`` means and ``accuracy`` (the
+        new global model's, if evaluated); ``extra``: the driver's own scalars. Returns the round's metrics."""
+        trainer, module, round_idx = self.trainer, self.module, self.next_round
+        self.steps += steps
+        metrics = {**train, "train/lr": float(module.client_lr(round_idx, 0)), "time/round_seconds": seconds}
+        if accuracy is not None:
+            metrics["val/acc"] = accuracy
+            metrics["val/acc_ema"] = module.update_acc_ema(accuracy)
+        privacy = trainer.federation.privacy
+        metrics.update(privacy.metrics() if privacy is not None else {})
+        _, ledger = trainer.federation.ledger.metrics()
+        log_round(trainer, round_idx, {**metrics, **ledger, **(extra or {})})
+        shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss", "privacy/epsilon") if k in metrics}
+        self.say(round_line(trainer, shown, self.clock))
+        self.clock.round_started()
+        self.saved = save_round(trainer, module, round_idx, self.steps, round_end=lambda: self._call(
+            "on_train_epoch_end"))
+        self.metrics, self.next_round = metrics, round_idx + 1
+        timer = self.timer()
+        left = timer.time_remaining() if timer is not None else None
+        if left is not None and left <= 0 and not self.done:
+            self.stopped = f"trainer.max_time reached after round {round_idx + 1}"
+        elif privacy is not None and not self.done and privacy.budget_spent():
+            self.stopped = privacy.budget_line(round_idx + 1)
+        if self.stopped is not None:
+            self.checkpoint_now()
+        return metrics
+
+    def checkpoint_now(self) -> None:
+        """Checkpoint the last round done, if it is not yet."""
+        if not self.saved and self.next_round > 0:
+            self.saved = save_round(self.trainer, self.module, self.next_round - 1, self.steps, now=True)
+
+    def close(self, stopping: bool = False) -> None:
+        """The run ends (``stopping``: by a signal or a failure: the last round done is checkpointed first): the
+        callbacks' ``on_train_end``, the logs closed, the stop and the summary told."""
+        if stopping:
+            self.checkpoint_now()
+        self._call("on_train_end")
+        for logger in self.trainer.loggers:
+            logger.finalize("success" if self.done and not stopping and not self.failed else "failed")
+        if self.stopped:
+            self.say(f"stopped early: {self.stopped}")
+        for line in run_summary(self.trainer, self.clock, self.metrics).splitlines():
+            self.say(line)
+
+    def _call(self, hook: str) -> None:
+        for callback in round_callbacks(self.trainer):
+            getattr(callback, hook)(self.trainer, self.module)
 
 
 def open_run(trainer: L.Trainer, module: Any, datamodule: Any, path: Optional[str]) -> tuple[int, int]:
@@ -66,7 +186,7 @@ def write_run_folder(trainer: L.Trainer, module: Any, datamodule: Any) -> None:
 
 
 def evaluate(module: Any, datamodule: Any) -> float:
-    """Top-1 accuracy of ``module``'s global model on the test set (its ``validation_step``), and the EMA."""
+    """Top-1 accuracy of ``module``'s global model on the test set (its ``validation_step``)."""
     module.eval()
     precision = module.trainer.precision_plugin  # the run's precision, as fit's evaluation loop applies it
     with torch.no_grad(), precision.val_step_context():
@@ -75,7 +195,6 @@ def evaluate(module: Any, datamodule: Any) -> float:
     module.train()
     acc = module.val_acc.compute().item()
     module.val_acc.reset()
-    module.update_acc_ema(acc)
     return float(acc)
 
 
@@ -89,17 +208,21 @@ def log_round(trainer: L.Trainer, round_idx: int, metrics: dict[str, float]) -> 
         log_metrics({**metrics, **first}, step=round_idx + 1)
 
 
-def save_round(trainer: Any, module: Any, round_idx: int, steps: int, now: bool = False) -> bool:
+def save_round(trainer: Any, module: Any, round_idx: int, steps: int, now: bool = False,
+               round_end: Optional[Callable[[], None]] = None) -> bool:
     """Mark round ``round_idx`` done in the trainer's loop state (``global_step``: the clients' local steps so
-    far), then let ``RoundCheckpoint`` write its files as at the end of a ``fedrcl fit`` round (while
-    ``trainer.current_epoch`` is the round's index), so ``--ckpt_path last`` reads them; ``now``: write them
-    whether due or not (a run that stops). Returns whether a round checkpoint was written."""
+    far), call ``round_end`` (the callbacks' ``on_train_epoch_end``, which in ``fedrcl fit`` run before the
+    checkpoint, with ``trainer.current_epoch`` the round's index), then let ``RoundCheckpoint`` write its files
+    as at the end of a ``fedrcl fit`` round, so ``--ckpt_path last`` reads them; ``now``: write them whether due
+    or not (a run that stops). Returns whether a round checkpoint was written."""
     loop = trainer.fit_loop
     loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total.completed = steps
     progresses = (loop.epoch_progress.current, loop.epoch_progress.total)
     for progress in progresses:
         progress.ready = progress.started = progress.processed = round_idx + 1
         progress.completed = round_idx
+    if round_end is not None:
+        round_end()
     written = any(isinstance(c, RoundCheckpoint) and (now or c.due(trainer)) for c in trainer.checkpoint_callbacks)
     for callback in trainer.checkpoint_callbacks:
         if now and isinstance(callback, RoundCheckpoint):

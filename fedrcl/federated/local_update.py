@@ -96,7 +96,7 @@ class LocalUpdate:
                     out = trainer.strategy.training_step(batch, batch_idx)
                     # the loss, or (a client_direction step) the surrogate to backpropagate and the real loss
                     loss, real = (out["loss"], out["local_loss"]) if isinstance(out, dict) else (out, out)
-                    assert isinstance(loss, Tensor)  # FedAvg.training_step returns the loss
+                    assert isinstance(loss, Tensor) and isinstance(real, Tensor)  # FedAvg.training_step's
                     optimizer.zero_grad()
                     trainer.strategy.backward(loss, optimizer)
                     run.add_loss(real)

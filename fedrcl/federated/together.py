@@ -28,7 +28,6 @@ hook per step), several devices.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import signal
 import time
@@ -36,7 +35,6 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
-from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.func import functional_call, vmap
@@ -51,9 +49,8 @@ from fedrcl.federated.checkpoint import NothingToResume, resume_path, run_checkp
 from fedrcl.federated.client_step import ClientStep, StepInputs
 from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.divergence import DivergenceError
-from fedrcl.federated.driven import log_round, not_run, open_run, save_round, write_run_folder
+from fedrcl.federated.driven import DrivenRun, not_run, open_run
 from fedrcl.federated.run_folder import hold_run_folders
-from fedrcl.federated.progress import RunClock, round_line, run_summary
 from fedrcl.federated.round import ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
 
@@ -76,35 +73,14 @@ class NotTogether(Exception):
         self.continued = continued
 
 
-@dataclasses.dataclass
-class SeedRun:
-    """One seed's federation: its built run (``cli``), where it stands and what its last round did."""
+class SeedRun(DrivenRun):
+    """One seed's federation (``DrivenRun``: where it stands, its round's end), built as its ``fedrcl fit``
+    (``cli``); its lines begin with ``seed k:``."""
 
-    seed: int
-    cli: Any
-    next_round: int = 0
-    steps: int = 0  # the clients' local steps so far (``global_step``)
-    clock: RunClock = dataclasses.field(default_factory=RunClock)
-    saved: bool = True  # whether the last round done is checkpointed
-    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    stopped: Optional[str] = None  # why it stopped before its last round (``trainer.max_time``)
-    failed: Optional[str] = None  # why it failed (a diverged round: its last checkpoint is its last good round)
-
-    @property
-    def module(self) -> FedAvg:
-        module: FedAvg = self.cli.model
-        return module
-
-    @property
-    def trainer(self) -> Any:
-        return self.cli.trainer
-
-    @property
-    def done(self) -> bool:
-        return self.stopped is not None or self.failed is not None or self.next_round >= self.trainer.max_epochs
-
-    def timer(self) -> Optional[Timer]:
-        return next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+    def __init__(self, seed: int, cli: Any):
+        super().__init__(cli.trainer, cli.model, cli.datamodule,
+                         say=lambda line: print(f"seed {seed}: {line}", flush=True))
+        self.seed, self.cli = seed, cli
 
 
 def checkpointed_state(run: SeedRun) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -117,12 +93,10 @@ def checkpointed_state(run: SeedRun) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def static_reason(run: SeedRun) -> Optional[str]:
     """Why a seed's run cannot train on the stacked step, from its configuration (``None``: it can)."""
-    module, trainer, dm = run.module, run.trainer, run.cli.datamodule
+    module, trainer = run.module, run.trainer
     if trainer.federation.batching.mode == "off":
         return "trainer.client_batching is off"
     reason = unbatchable(module)
-    if reason is None and dm.local_iters_per_epoch is None:
-        reason = "data.local_iters_per_epoch is null (clients of different sizes take different steps)"
     if reason is None and trainer.world_size > 1:
         reason = "it runs on several devices or processes"
     overridden = [name for name in OWN_STEP if getattr(type(module), name) is not getattr(FedAvg, name)]
@@ -186,6 +160,10 @@ class Cohort:
                               "precision)")
         for run, path in zip(self.seeds, paths):
             run.next_round, run.steps = open_run(run.trainer, run.module, run.cli.datamodule, path)
+            dm = run.cli.datamodule  # set up now: its clients are known
+            if dm.local_iters_per_epoch is None and len({dm.client_num_samples(k) for k in range(dm.num_clients)}) > 1:
+                raise NotTogether(f"seed {run.seed}: data.local_iters_per_epoch is null and the clients differ in "
+                                  "size (they take different steps and end on batches of different sizes)")
         sizes = {r.cli.datamodule.batch_size for r in self.seeds}
         if len(sizes) > 1:
             raise NotTogether(f"the seeds' batch sizes differ ({sorted(sizes)}: data.batch_size null with "
@@ -237,7 +215,9 @@ class Cohort:
                                   self._part(active, rounds, before))
             if not self._checked:
                 self._checked = True
-                self._open(active)
+                self._open()
+            for run in active:
+                run.begin_round()
             losses = self._train(active, rounds, stacked, itertools.chain([first], batches))
             self._end_round(active, rounds, stacked, losses, time.perf_counter() - started)
             if self.stop.signum is not None:
@@ -257,25 +237,18 @@ class Cohort:
             run.module.on_load_checkpoint(extras)
             run.trainer.federation.server.load_state_dict(server_state)
         for run in self.seeds:
-            if run.next_round > 0:
-                self._checkpoint_now(run)
+            run.checkpoint_now()
             for logger in run.trainer.loggers:
                 logger.finalize("success")
         return [run.seed for run in self.seeds if not run.done]
 
-    def _open(self, active: list[SeedRun]) -> None:
-        """Write the run folders, name the callbacks not run, start the clocks and time limits."""
+    def _open(self) -> None:
+        """Name what of the callbacks is not run, then open every seed's run (``DrivenRun.open``)."""
+        ignored = not_run(self.seeds[0].trainer)
+        if ignored:
+            rank_zero_info(f"fedrcl seeds --together does not run these trainer.callbacks: {', '.join(ignored)}")
         for run in self.seeds:
-            ignored = not_run(run.trainer, handled=(Timer,))
-            if ignored:
-                rank_zero_info(f"fedrcl seeds --together does not run these trainer.callbacks: {', '.join(ignored)}")
-                break
-        for run in self.seeds:
-            write_run_folder(run.trainer, run.module, run.cli.datamodule)
-            run.clock.fit_started(run.trainer)
-            timer = run.timer()
-            if timer is not None:
-                timer.on_train_start(run.trainer, run.module)
+            run.open()
 
     def _begin(self, active: list[SeedRun]) -> tuple[list[ServerRound], "StackedSeeds"]:
         """Every active seed's round begun and configured, and its clients started on the stacked axis."""
@@ -366,58 +339,23 @@ class Cohort:
 
     def _report(self, run: SeedRun, stacked: "StackedSeeds", loss_sums: Tensor, s: int, seconds: float,
                 accuracy: Optional[float]) -> None:
-        """Seed ``s``'s round as ``fedrcl fit`` reports it: scalars, the round's line, checkpoints, time limit."""
-        trainer, module, clients = run.trainer, run.module, stacked.clients
-        round_idx, steps = run.next_round, clients * stacked.runs[s][0].client.num_steps
-        run.steps += steps
+        """Seed ``s``'s round ends as ``fedrcl fit`` ends it (``DrivenRun.end_round``), with its clients' steps and
+        summed losses."""
+        clients = stacked.clients
+        steps = clients * stacked.runs[s][0].client.num_steps
         mine = slice(s * clients, (s + 1) * clients)
         sums = {"loss": loss_sums[mine].sum(), **{f"loss_{k}": v[mine].sum() for k, v in stacked.part_sums.items()}}
-        metrics = {f"train/{k}": float(v) / steps for k, v in sums.items()}
-        metrics["train/lr"] = float(module.client_lr(round_idx, 0))
-        metrics["time/round_seconds"] = seconds
-        if accuracy is not None:
-            metrics["val/acc"] = accuracy
-            metrics["val/acc_ema"] = module.update_acc_ema(accuracy)
-        privacy = trainer.federation.privacy
-        metrics.update(privacy.metrics() if privacy is not None else {})
-        _, ledger = trainer.federation.ledger.metrics()
-        log_round(trainer, round_idx, {**metrics, **ledger})
-        shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss", "privacy/epsilon")
-                                 if k in metrics}
-        print(f"seed {run.seed}: {round_line(trainer, shown, run.clock)}", flush=True)
-        run.clock.round_started()
-        run.saved, run.metrics = save_round(trainer, module, round_idx, run.steps), metrics
-        run.next_round = round_idx + 1
-        timer = run.timer()
-        left = timer.time_remaining() if timer is not None else None
-        if left is not None and left <= 0 and not run.done:
-            run.stopped = f"trainer.max_time reached after round {round_idx + 1}"
-            self._checkpoint_now(run)
-        if privacy is not None and not run.done and privacy.budget_spent():
-            run.stopped = privacy.budget_line(round_idx + 1)
-            self._checkpoint_now(run)
+        run.end_round(steps, {f"train/{k}": float(v) / steps for k, v in sums.items()}, seconds, accuracy)
 
     def _evaluation(self, first: SeedRun) -> "SeedsEvaluation":
         if self._evaluate is None:
             self._evaluate = SeedsEvaluation(first, self._compile_options(first))
         return self._evaluate
 
-    def _checkpoint_now(self, run: SeedRun) -> None:
-        if not run.saved:
-            run.saved = save_round(run.trainer, run.module, run.next_round - 1, run.steps, now=True)
-
     def _close(self) -> None:
-        """A stop signal: checkpoint every seed now; then each seed's logs are closed and its summary printed."""
-        stopping = self.stop.signum is not None
+        """Every seed's run ends (a stop signal: each checkpointed now): logs closed, summary told."""
         for run in self.seeds:
-            if stopping and run.next_round > 0:
-                self._checkpoint_now(run)
-            for logger in run.trainer.loggers:
-                logger.finalize("success" if run.done and not stopping and not run.failed else "failed")
-            if run.stopped:
-                print(f"fedrcl seeds: seed {run.seed}: stopped early: {run.stopped}", flush=True)
-            summary = run_summary(run.trainer, run.clock, run.metrics)
-            print("\n".join(f"seed {run.seed}: {line}" for line in summary.splitlines()), flush=True)
+            run.close(stopping=self.stop.signum is not None)
 
     def stopped_where(self) -> str:
         """`` (seed 0 after round 3/10, ...)`` for the stop line of ``fedrcl seeds``."""

@@ -15,8 +15,11 @@ the rounds go on from the next one, and the scalars go to a new version folder o
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import sys
+import threading
 import time
 from logging import INFO, WARNING
 from collections.abc import Sequence
@@ -31,11 +34,11 @@ from fedrcl.cli import split_ckpt_path
 from fedrcl.contract.exchange import check_method
 from fedrcl.contract.weights import load_state_
 from fedrcl.federated.checkpoint import resume_path
-from fedrcl.federated.driven import evaluate, log_round, not_run, open_run, save_round, write_run_folder
-from fedrcl.federated.progress import RunClock, round_line, run_summary
+from fedrcl.federated.driven import DrivenRun, evaluate, not_run, open_run
 from fedrcl.flower.config import Args, as_args, build, run_args
 from fedrcl.flower.nodes import ClientFailure
 from fedrcl.flower.strategy import FedrclStrategy
+from fedrcl.seeds import StopSignal
 
 
 class MetricDumps(logging.Filter):
@@ -56,13 +59,23 @@ def quiet_flower_log() -> None:
         FLOWER_LOGGER.addFilter(MetricDumps())
 
 
+class RunStopped(Exception):
+    """The run stops after a round: ``trainer.max_time``, the privacy budget, or a stop signal (``signum``)."""
+
+    def __init__(self, signum: Optional[int] = None):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: float = 600.0,
-                   restart_wait: float = 300.0):
+                   restart_wait: float = 300.0, stop: Optional[StopSignal] = None):
     """Run fedrcl's federation ``args`` over ``grid``; returns the CLI objects (``cli.model`` holds the final
     global model) and the strategy. ``node_wait``: seconds to wait for nodes serving every client before
     the first round; ``restart_wait``: seconds a round waits for a lost node to come back (``Fleet``). A round
     that stops (a node not back in time, a client's error) stops the run with the last round's checkpoint
-    written, and says so with the way to resume."""
+    written, and says so with the way to resume. The round's end is ``DrivenRun``'s, as for seeds together:
+    ``trainer.max_time``, ``max_epsilon`` and a stop signal recorded by ``stop`` (SIGTERM, Ctrl-C) end the run
+    after a round, checkpointed, saying how to resume; the caller then exits with 128 + the signal's number."""
     args, ckpt_path = split_ckpt_path(as_args(args))
     cli = build(args)
     module, dm, trainer = cli.model, cli.datamodule, cli.trainer
@@ -74,21 +87,19 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     path = resume_path(trainer, module, dm, ckpt_path) if ckpt_path is not None else None  # before any write
     first_round, steps = open_run(trainer, module, dm, path)
     federation = trainer.federation
-    write_run_folder(trainer, module, dm)
+    run = DrivenRun(trainer, module, dm, say=lambda line: log(INFO, "%s", line), next_round=first_round,
+                    steps=steps)
+    run.open()
     clients = range(dm.num_clients)
     strategy = FedrclStrategy(federation.server, [dm.client_num_samples(k) for k in clients],
                               federation.clients_per_round, federation.seed,
                               steps_per_epoch=[dm.client_steps_per_epoch(k) for k in clients],
                               local_epochs=federation.local_epochs, first_round=first_round,
                               node_wait=node_wait, algorithm=module, run_args=args, ledger=federation.ledger,
-                              restart_wait=restart_wait, privacy=federation.privacy)
+                              restart_wait=restart_wait, privacy=federation.privacy, round_started=run.begin_round)
     strategy.steps = steps
     strategy.kept = strategy.manifest()  # a resumed run's checkpoint refers to these files
     started = [time.perf_counter()]
-    clock = RunClock()
-    clock.fit_started(trainer)
-    # the last round done, whether it was checkpointed, and its metrics
-    last: dict[str, Any] = {"round": first_round - 1, "saved": True, "metrics": {}}
     privacy, rounds = federation.privacy, trainer.max_epochs - first_round
     if privacy is not None:  # trainer.privacy.init_args.max_epsilon: the rounds within the budget
         rounds = privacy.rounds_left(rounds)
@@ -98,63 +109,57 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
             return None
         round_idx = strategy.round_idx(server_round)
         load_state_(module.backbone, arrays.to_torch_state_dict())
-        metrics = dict(strategy.train_metrics)
-        metrics["train/lr"] = module.client_lr(round_idx, 0)
-        metrics["time/round_seconds"] = time.perf_counter() - started[0]
+        accuracy = None
         if (round_idx + 1) % trainer.check_val_every_n_epoch == 0:
             with strategy.ledger.timed("evaluation"):
-                metrics["val/acc"] = evaluate(module, dm)
-            metrics["val/acc_ema"] = module.acc_ema
-        metrics.update(privacy.metrics() if privacy is not None else {})
-        _, ledger = strategy.ledger.metrics()
-        ledger.update({f"flower/{d}_bytes": float(n) for d, n in strategy.payload.items()})
-        log_round(trainer, round_idx, {**metrics, **ledger})
-        shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss", "privacy/epsilon")
-                                 if k in metrics}
-        log(INFO, "%s  clients %s", round_line(trainer, shown, clock), strategy.clients)
-        clock.round_started()
-        budget_stop = server_round == rounds and round_idx + 1 < trainer.max_epochs  # max_epsilon: checkpointed
-        last.update(round=round_idx, saved=save_round(trainer, module, round_idx, strategy.steps, now=budget_stop),
-                    metrics=metrics)
-        if budget_stop and privacy is not None:
-            log(INFO, "%s", privacy.budget_line(round_idx + 1))
-        if last["saved"]:
+                accuracy = evaluate(module, dm)
+        payload = {f"flower/{d}_bytes": float(n) for d, n in strategy.payload.items()}
+        metrics = run.end_round(strategy.steps - run.steps, dict(strategy.train_metrics),
+                                time.perf_counter() - started[0], accuracy, payload)
+        if run.saved:
             strategy.kept = strategy.manifest()
         started[0] = time.perf_counter()
+        signum = stop.signum if stop is not None else None
+        if run.stopped is not None or (signum is not None and not run.done):
+            raise RunStopped(signum)
         return MetricRecord({k: float(v) for k, v in metrics.items()})
 
     try:
         strategy.start(grid, ArrayRecord.from_torch_state_dict(module.backbone.state_dict()),
                        num_rounds=rounds, timeout=timeout, evaluate_fn=end_of_round)
     except ClientFailure as failure:
-        raise ClientFailure(f"{failure}\n{stopped(trainer, module, strategy, last)}") from None
-    for logger in trainer.loggers:
-        logger.finalize("success")
-    log(INFO, "%s", run_summary(trainer, clock, last["metrics"]))  # the run folder, as fedrcl fit ends
+        raise ClientFailure(f"{failure}\n{stopped(run)}") from None
+    except RunStopped as stopping:
+        run.close(stopping=stopping.signum is not None)
+        if stopping.signum is not None:
+            log(WARNING, "%s: %s", signal.Signals(stopping.signum).name, stopped(run))
+        return cli, strategy
+    run.close()
     return cli, strategy
 
 
-def stopped(trainer, module, strategy: FedrclStrategy, last: dict) -> str:
+def stopped(run: DrivenRun) -> str:
     """Checkpoint the last round done if its checkpoint was not due, flush the logs; say how to resume."""
-    done = last["round"] >= strategy.first_round
-    if done and not last["saved"]:
-        save_round(trainer, module, last["round"], strategy.steps, now=True)
-    for logger in trainer.loggers:
+    run.checkpoint_now()
+    for logger in run.trainer.loggers:
         logger.finalize("failed")
-    if not done:
+    if not run.metrics:  # no round ended in this run
         return "No round was done in this run."
+    trainer = run.trainer
     path = trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback is not None else ""
-    return (f"The run stopped after round {last['round'] + 1}, checkpoint {path}; resume with --ckpt_path last "
+    return (f"The run stopped after round {run.next_round}, checkpoint {path}; resume with --ckpt_path last "
             "among fedrcl's arguments (python -m fedrcl.flower, or flwr run's fedrcl-args).")
 
 
 def make_server_app(args: Optional[Args] = None, timeout: float = 3600.0, more: Sequence[Args] = (),
-                    restart_wait: float = 300.0) -> ServerApp:
+                    restart_wait: float = 300.0, stop: Optional[StopSignal] = None) -> ServerApp:
     """The ServerApp for fedrcl's arguments ``args`` (``None``: the run config's ``fedrcl-args``); ``more``:
     further runs, one after another on the same nodes (e.g. seeds, or methods compared). ``timeout``: seconds
     a round waits for its clients (the run config's ``round-timeout`` overrides it); a client that has not
     replied by then stops the run, named. ``restart_wait``: seconds a round waits for a lost node to come
-    back (the run config's ``node-restart-wait`` overrides it)."""
+    back (the run config's ``node-restart-wait`` overrides it). ``stop``: where SIGTERM and Ctrl-C are recorded
+    (a simulation's, installed in its main thread); ``None``: the ServerApp's own, where it runs in the main
+    thread (a deployment's ``flwr-serverapp``), which then exits with 128 + the signal's number."""
     app = ServerApp()
 
     @app.main()
@@ -164,7 +169,14 @@ def make_server_app(args: Optional[Args] = None, timeout: float = 3600.0, more: 
         update_console_handler(colored=sys.stderr.isatty())
         wait = float(context.run_config.get("round-timeout", timeout))
         back = float(context.run_config.get("node-restart-wait", restart_wait))
-        for run in (run_args(context.run_config, args), *more):
-            run_federation(grid, run, timeout=wait, restart_wait=back)
+        own = stop is None and threading.current_thread() is threading.main_thread()
+        signals = StopSignal() if own else stop
+        with signals if own and signals is not None else contextlib.nullcontext():
+            for run in (run_args(context.run_config, args), *more):
+                run_federation(grid, run, timeout=wait, restart_wait=back, stop=signals)
+                if signals is not None and signals.signum is not None:
+                    break
+        if own and signals is not None and signals.signum is not None:
+            raise SystemExit(128 + signals.signum)
 
     return app

@@ -28,7 +28,7 @@ what a resume needs (``fedrcl.flower.client``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from logging import INFO
 from typing import Any, Optional
 
@@ -69,13 +69,16 @@ class FedrclStrategy(Strategy):
         ledger: where bytes and seconds are counted (default: a new ``RoundLedger``).
         privacy: ``trainer.privacy`` (``fedrcl.privacy.DPFedAvg``): the replies clipped and their mean noised in
             the server round, as in ``fedrcl fit``; ``None``: none.
+        round_started: called as each round begins, before it is configured (the run's callbacks' round start).
     """
 
     def __init__(self, server: ServerOptimizer, num_samples: Sequence[int], clients_per_round: int, seed: int,
                  *, steps_per_epoch: Sequence[int], local_epochs: int, first_round: int = 0,
                  node_wait: float = 600.0, algorithm: Any = None, run_args: Sequence[str] = (),
-                 ledger: Optional[RoundLedger] = None, restart_wait: float = 300.0, privacy: Any = None):
+                 ledger: Optional[RoundLedger] = None, restart_wait: float = 300.0, privacy: Any = None,
+                 round_started: Optional[Callable[[], None]] = None):
         self.server, self.num_samples = server, list(num_samples)
+        self.round_started = round_started
         self.steps_per_epoch, self.local_epochs = list(steps_per_epoch), local_epochs
         self.clients_per_round, self.seed, self.first_round = clients_per_round, seed, first_round
         self.node_wait, self.privacy = node_wait, privacy
@@ -121,6 +124,8 @@ class FedrclStrategy(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         round_idx = self.round_idx(server_round)
+        if self.round_started is not None:
+            self.round_started()
         self.round = ServerRound(self.server, self.algorithm, round_idx, arrays.to_torch_state_dict(), self.ledger,
                                  privacy=self.privacy)
         self.clients = sample_clients(len(self.num_samples), self.clients_per_round, self.seed, round_idx)
