@@ -319,8 +319,11 @@ class FedRCLCLI(LightningCLI):
             for name, (_, text) in OTHER_SUBCOMMANDS.items():
                 parser.subcommands_action.add_subcommand(name, ArgumentParser(description=text), help=text)
 
-    def __init__(self, *args: Any, save_config_callback: Any = RunConfigCallback, **kwargs: Any) -> None:
-        super().__init__(*args, save_config_callback=save_config_callback, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """LightningCLI's, with ``RunConfigCallback`` unless told otherwise (also for ``fedrcl.flower.config.build``):
+        it holds the run folder before it writes ``config.yaml``."""
+        kwargs.setdefault("save_config_callback", RunConfigCallback)
+        super().__init__(*args, **kwargs)
 
     def before_fit(self) -> None:
         """The run folder is this run's alone (``hold_run_folders``), before the data's setup writes ``split.json``."""
@@ -418,8 +421,9 @@ def parse_error_text(message: str) -> str:
         return f"{link.group(1)} {link.group(2)}: {link.group(3).strip()}"
     included = re.search(r"Invalid content in sub-config file (\S+): (.+)", message)
     if included:  # a file a config names for a key (``model: model.yaml``): too large, or not YAML
-        key = re.match(r'\s*Parser key "([\w.]+)"', message)
-        return f"{key.group(1) + ': ' if key else ''}{included.group(1)}: {included.group(2).strip()}"
+        parser_key = re.match(r'\s*Parser key "([\w.]+)"', message)
+        named = f"{parser_key.group(1)}: " if parser_key else ""
+        return f"{named}{included.group(1)}: {included.group(2).strip()}"
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     if lines and lines[0].startswith("Parser key") and any("class_path" in line for line in lines):
         key = lines[0].removeprefix("Parser key").strip(' ":')
