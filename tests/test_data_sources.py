@@ -217,3 +217,33 @@ def test_a_bad_file_stops_fedrcl_fit_in_one_line_before_training(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert any("'y_train' has labels up to 7" in line for line in err), err
     assert not (tmp_path / "runs").exists()
+
+
+def test_bad_leaf_files_are_one_line_naming_the_file(leaf_folder, tmp_path):
+    import shutil
+
+    root = tmp_path / "leaf"
+    shutil.copytree(leaf_folder, root)
+    (root / "test" / "all_data_0.json").write_text('{"users": ["f0000"], "user_data": {"f0000": {"x": [[0.5]]}}}')
+    with pytest.raises(ValueError, match=r"all_data_0.json: user 'f0000' has no 'x' and 'y'") as info:
+        read_own_data("leaf", root)
+    assert "\n" not in str(info.value)
+    (root / "test" / "all_data_0.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"test/all_data_0.json: not readable as JSON"):
+        read_own_data("leaf", root)
+
+
+def test_an_npz_gives_natural_clients_and_domains_by_its_arrays(tmp_path):
+    x, y = class_images(20)
+    clients = np.arange(len(y)) % 4
+    path = tmp_path / "both.npz"
+    np.savez(path, x_train=x, y_train=y, x_test=x[::5], y_test=y[::5], client_train=clients,
+             domain_train=(np.arange(len(y)) % 2), domain_test=(np.arange(12) % 2), domains=np.array(["a", "b"]))
+    dm = FederatedDataModule("npz", str(path), num_clients=4, batch_size=4, partition="natural")
+    dm.setup("validate")
+    assert [sorted(set(clients[p.numpy()].tolist())) for p in dm.client_indices] == [[0], [1], [2], [3]]
+    assert dm.domains == ["a", "b"] and [d for d, _, _ in dm._test_ranges] == [0, 1]
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x_train=x, y_train=y, x_test=x[::5], y_test=y[::5], domain_train=np.zeros(len(y), int))
+    with pytest.raises(ValueError, match=r"domains need all three arrays"):
+        read_own_data("npz", bad)

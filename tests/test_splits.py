@@ -193,6 +193,7 @@ def test_every_run_writes_its_split_and_a_run_can_train_on_it(tmp_path, data_roo
 
 
 COMMITTED_SPLIT = REPO / "docs" / "splits" / "cifar10_a01_seed0.json"
+DIGITS_SPLIT = REPO / "docs" / "splits" / "digits_iid20_seed0.json"  # docs/data_runs' one split
 SHARED_LABELS = REPO.parent / "shared" / "data" / "cifar10_jpeg" / "labels.npz"
 
 
@@ -201,8 +202,16 @@ def test_committed_runs_all_trained_on_the_one_committed_split():
     the data keys of the one committed split (CIFAR-10, 100 clients, balanced Dirichlet 0.1, data.seed 0)."""
     docs = REPO / "docs"
     assert not list(docs.rglob("split.json"))
-    configs = sorted(docs.rglob("config.yaml"))
+    data_runs = sorted((docs / "data_runs").rglob("config.yaml"))  # the digits' domain-skew runs: their own split
+    configs = [p for p in sorted(docs.rglob("config.yaml")) if p not in data_runs]
     assert len(configs) >= 30  # the run folders of docs/cpu_runs, seed_runs and gpu_runs
+    for path in data_runs:
+        data = yaml.safe_load(path.read_text())["data"]
+        keys = data["dataset"], data["num_clients"], data["partition"], data["seed"]
+        assert keys == ("digits", 20, "iid", 0), path
+    digits = read_split(DIGITS_SPLIT, num_clients=20, dataset="digits", num_samples=1437)
+    held = np.concatenate(digits)
+    assert {len(p) for p in digits} == {71} and len(set(held.tolist())) == 1420 == len(held)  # iid: 1437 // 20 each
     for path in configs:
         data = yaml.safe_load(path.read_text())["data"]
         keys = data["dataset"], data["num_clients"], data["partition"], data["alpha"], data["seed"]
