@@ -86,7 +86,7 @@ def hold_run_folder(folder: Path) -> None:
     Raises:
         RunFolderTaken: a live process (or one on another host, which cannot be checked) holds it."""
     folder = Path(folder).resolve()
-    if folder in _held:
+    if folder in _held and (folder / LOCK_NAME).is_file():  # (a failed start may have removed the folder)
         return
     folder.mkdir(parents=True, exist_ok=True)
     lock, host = folder / LOCK_NAME, socket.gethostname()
