@@ -60,11 +60,13 @@ def test_a_failed_run_is_named_by_its_own_error():
 
 def test_the_tutorials_tables_are_what_check_prints(data_root, tmp_path, monkeypatch, capsys):
     checks = page_checks()
-    assert [args[args.index("--model") + 1] for args, _ in checks] == ["my_method.MyMethod",
+    assert [args[args.index("--model") + 1] for args, _ in checks] == ["my_method.MySharpMethod",
+                                                                       "my_method.MyMethod",
                                                                        "my_method.MyLeakyMethod"]
     monkeypatch.syspath_prepend(str(REPO / "docs" / "tutorial"))
     monkeypatch.chdir(REPO)
-    for (args, page), backends in zip(checks, (["sequential", "batched", "together", "processes"],
+    for (args, page), backends in zip(checks, (["sequential", "batched", "together"],
+                                               ["sequential", "batched", "together", "processes"],
                                                ["sequential", "batched"])):
         assert list(page) == ["sequential", "batched", "together", "processes", "flower"]
         status, rows = check([*args, "--data.root", str(data_root), "--backends", *backends], capsys)
@@ -79,7 +81,7 @@ def test_the_tutorials_tables_are_what_check_prints(data_root, tmp_path, monkeyp
 def test_together_trains_a_method_together_or_says_it_could_not(data_root, tmp_path, monkeypatch, capsys):
     """The ``together`` backend compares the run's seed trained beside the next one with the sequential run:
     FedLC trains together (its counts stacked per client) and agrees; MyMethod's clients read their own seed's
-    broadcast classifier, so its seeds train one after another, and the verdict says so."""
+    broadcast classifier, so its seeds train one after another, and the verdict says it fell back."""
     monkeypatch.syspath_prepend(str(REPO / "docs" / "tutorial"))
     monkeypatch.chdir(tmp_path)
     common = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(data_root),
@@ -88,7 +90,8 @@ def test_together_trains_a_method_together_or_says_it_could_not(data_root, tmp_p
     status, rows = check([*common, "--model", "fedrcl.algorithms.FedLC"], capsys)
     assert status == 0 and rows["together"][2] in ("agrees (bitwise)", "agrees (<= 1e-09)"), rows
     status, rows = check([*common, "--model", "my_method.MyMethod"], capsys)
-    assert status == 0 and rows["together"][2].endswith("(the seeds trained one after another: see its notice)")
+    assert status == 0 and rows["together"][2].startswith("fell back") and \
+        rows["together"][2].endswith("the seeds trained one after another (see its notice)"), rows
 
 
 def test_a_refused_method_is_named_with_its_reason(data_root, tmp_path, monkeypatch, capsys):

@@ -170,3 +170,29 @@ def test_a_callbacks_step_hooks_are_named_as_not_run():
     trainer = SimpleNamespace(callbacks=callbacks)
     assert not_run(trainer) == ["RepresentationMonitor", "PerStep.on_train_batch_end"]
     assert round_callbacks(trainer) == callbacks[:2]
+
+
+def test_the_quickstart_as_shipped_trains_batched_and_together(data_root, tmp_path, capsys, caplog):
+    """``configs/quickstart.yaml`` as shipped (``data.local_iters_per_epoch`` null: its balanced split gives every
+    client 71 samples, 3 steps of 24, 24 and 23 images an epoch) trains batched and together, no fallback, equal to
+    its clients one after another (float64, 2 rounds, 1e-9)."""
+    from conftest import REPO
+
+    shipped = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(data_root),
+               "--trainer.rounds", "2", "--trainer.callbacks", "[]", "--trainer.enable_progress_bar", "false",
+               "--trainer.enable_model_summary", "false", *FLOAT64]
+    from fedrcl.lightning_cli import build_cli
+
+    def fit(folder, *extra):
+        cli = build_cli(["fit", *shipped, "--trainer.logger.init_args.save_dir", str(tmp_path / folder), *extra])
+        cli.trainer.fit(cli.model, cli.datamodule)
+        return weights(cli)
+
+    sequential = fit("seq", "--trainer.client_batching", "off")
+    assert relative_difference(fit("batched", "--trainer.client_batching", "on"), sequential) <= 1e-9
+    assert "clients trained one after another" not in caplog.text  # batched, every round
+    seeds.main(["--seeds", "0", "1", "--together", *shipped, "--trainer.logger.init_args.save_dir",
+                str(tmp_path / "together")])
+    assert "--together:" not in capsys.readouterr().out  # trained together
+    together = last(tmp_path / "together", 0)["state_dict"]
+    assert relative_difference({k.removeprefix("backbone."): v for k, v in together.items()}, sequential) <= 1e-9

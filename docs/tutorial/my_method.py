@@ -7,6 +7,7 @@
   part (per-client state, ``PersistentClientState``).
 - ``MyMethodWithCounts``: also uploads the client's label counts (counted in the byte ledger), which its
   server half adds up.
+- ``MySharpMethod``: FedAvg with a sharpness-aware step (SAM), written with ``client_direction``.
 - ``ServerLR``: a server learning rate, ``w <- w + eta * delta`` (a server optimizer of one's own).
 - ``MyLeakyMethod``: a mistake that ``fedrcl check`` finds: one client hands a number to the next.
 """
@@ -117,6 +118,24 @@ class MyMethodWithCounts(MyMethod):
         """On the server, in the round's sampled order: the receiving end of ``extra_upload``."""
         counts = upload["class_counts"]
         self.labels_trained = counts if self.labels_trained is None else self.labels_trained + counts
+
+
+class MySharpMethod(FedAvg):
+    """FedAvg stepping along the gradient at the sharpness-aware point ``w + rho g / ||g||`` (SAM, Foret et
+    al., ICLR 2021; in FL, FedSAM): the step changes, the loss does not. ``g`` is the loss's gradient at ``w``;
+    the engine clips the returned direction, adds weight decay and steps by the client lr."""
+
+    def __init__(self, rho: float = 0.05, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.rho = rho
+
+    def client_direction(self, params: dict[str, Tensor], x: Tensor, y: Tensor
+                         ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
+        g, loss, parts = self.loss_gradient(params, x, y)
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in g.values()]))
+        ascent = {name: p + self.rho * g[name] / (norm + 1e-12) for name, p in params.items()}
+        sharp, _, _ = self.loss_gradient(ascent, x, y)
+        return sharp, loss, parts
 
 
 class MyLeakyMethod(MyMethod):
