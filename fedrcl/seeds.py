@@ -38,9 +38,12 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
+
+if TYPE_CHECKING:
+    from fedrcl.federated.preemption import StopSignal
 
 __all__ = ["fit_args_for_seed", "main", "progress_line", "resolved_config", "run_name", "seeds_left"]
 
@@ -100,31 +103,6 @@ class Outcome:
     not_started: list[int] = field(default_factory=list)
     signum: Optional[int] = None
     where: str = ""  # the round and checkpoint a seed in this process stopped at
-
-
-class StopSignal:
-    """Records SIGTERM and Ctrl-C while ``fedrcl seeds`` runs (between fits, and for ``--parallel`` the whole
-    time), so that it ends after the seeds in progress instead of being killed between two of them or starting
-    the next; a second Ctrl-C stops it at once. A fit in this process installs its own handlers meanwhile
-    (``fedrcl.federated.preemption``)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.signum: Optional[int] = None
-
-    def __enter__(self) -> "StopSignal":
-        self._previous = {signum: signal.signal(signum, self._record) for signum in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _record(self, signum: int, _: Any) -> None:
-        if signum == signal.SIGINT and self.signum == signal.SIGINT:
-            raise KeyboardInterrupt  # the second Ctrl-C: ``fedrcl`` ends in one line
-        self.signum = self.signum or signum
 
 
 PROGRESS_SECONDS = 60.0  # --parallel: a line on the running seeds this often
@@ -344,6 +322,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         parser.error(str(err))
     runs = {seed: fit_args_for_seed(fit_args, config, seed, args.vary_split) for seed in args.seeds}
     where = Path(save_dir) / name
+    from fedrcl.federated.preemption import StopSignal
+
     with StopSignal() as stop:
         if args.together:
             outcome = _run_together(runs, stop)

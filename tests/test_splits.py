@@ -194,6 +194,7 @@ def test_every_run_writes_its_split_and_a_run_can_train_on_it(tmp_path, data_roo
 
 COMMITTED_SPLIT = REPO / "docs" / "splits" / "cifar10_a01_seed0.json"
 DIGITS_SPLIT = REPO / "docs" / "splits" / "digits_iid20_seed0.json"  # docs/data_runs' one split
+DP_SPLIT = REPO / "docs" / "splits" / "digits_dirichlet03_479_seed0.json"  # docs/privacy_runs' one split
 SHARED_LABELS = REPO.parent / "shared" / "data" / "cifar10_jpeg" / "labels.npz"
 
 
@@ -203,7 +204,15 @@ def test_committed_runs_all_trained_on_the_one_committed_split():
     docs = REPO / "docs"
     assert not list(docs.rglob("split.json"))
     data_runs = sorted((docs / "data_runs").rglob("config.yaml"))  # the digits' domain-skew runs: their own split
-    configs = [p for p in sorted(docs.rglob("config.yaml")) if p not in data_runs]
+    privacy_runs = sorted((docs / "privacy_runs").rglob("config.yaml"))  # the digits' DP runs: theirs
+    configs = [p for p in sorted(docs.rglob("config.yaml")) if p not in data_runs and p not in privacy_runs]
+    assert len(privacy_runs) == 24
+    for path in privacy_runs:
+        data = yaml.safe_load(path.read_text())["data"]
+        keys = data["dataset"], data["num_clients"], data["partition"], data["alpha"], data["seed"]
+        assert keys == ("digits", 479, "dirichlet", 0.3, 0), path
+    dp = read_split(DP_SPLIT, num_clients=479, dataset="digits", num_samples=1437)
+    assert {len(p) for p in dp} == {1437 // 479}  # balanced
     assert len(configs) >= 30  # the run folders of docs/cpu_runs, seed_runs and gpu_runs
     for path in data_runs:
         data = yaml.safe_load(path.read_text())["data"]

@@ -18,7 +18,7 @@ twice FedAvg's download, counted in ``comm/``. Every client takes the same ``K``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -27,9 +27,6 @@ from fedrcl.algorithms.fedavg import FedAvg, Tensors
 from fedrcl.contract.context import ClientContext
 from fedrcl.data.datamodule import datamodule_of
 from fedrcl.losses.client_momentum import global_update_direction, momentum_direction
-
-if TYPE_CHECKING:
-    from fedrcl.federated.trainer import FederatedTrainer
 
 
 def unflatten(flat: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -66,7 +63,7 @@ class FedCM(FedAvg):
 
     def round_lr_sum(self, round_idx: int) -> float:
         """``sum_k eta_k`` over round ``round_idx``'s local steps (every client's: the same K)."""
-        trainer = cast("FederatedTrainer", self.trainer)
+        trainer: Any = self.trainer  # a FederatedTrainer (its federation's local epochs)
         per_epoch = datamodule_of(trainer).local_iters_per_epoch
         assert per_epoch is not None  # refused in setup
         return sum(per_epoch * float(self.client_lr(round_idx, e)) for e in range(trainer.federation.local_epochs))

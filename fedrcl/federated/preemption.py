@@ -195,3 +195,28 @@ def requeue_slurm_job() -> str:
     if result.returncode != 0:
         return f"scontrol requeue {job} failed ({(result.stderr or result.stdout).strip()[:200]})"
     return f"SLURM job {job} requeued"
+
+
+class StopSignal:
+    """Records SIGTERM and Ctrl-C while a run that fedrcl drives itself is going (``fedrcl seeds`` between fits,
+    with ``--parallel`` and ``--together``; a Flower simulation), so that it ends after the rounds or seeds in
+    progress instead of being killed between two of them; a second Ctrl-C stops it at once. A fit in this
+    process installs its own handlers meanwhile (``Preemption``)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+
+    def __enter__(self) -> "StopSignal":
+        self._previous = {signum: signal.signal(signum, self._record) for signum in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _record(self, signum: int, _: Any) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C: ``fedrcl`` ends in one line
+        self.signum = self.signum or signum

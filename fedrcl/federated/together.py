@@ -112,7 +112,7 @@ class Cohort:
     Args:
         runs: each seed's ``fedrcl fit`` arguments (``--ckpt_path`` among them resumes it: ``last`` resumes
             each seed that has a checkpoint and starts the others).
-        stop: what records a stop signal (``fedrcl.seeds.StopSignal``): read after each round.
+        stop: what records a stop signal (``fedrcl.federated.preemption.StopSignal``): read after each round.
     """
 
     def __init__(self, runs: dict[int, list[str]], stop: Any):

@@ -38,7 +38,7 @@ from fedrcl.federated.driven import DrivenRun, evaluate, not_run, open_run
 from fedrcl.flower.config import Args, as_args, build, run_args
 from fedrcl.flower.nodes import ClientFailure
 from fedrcl.flower.strategy import FedrclStrategy
-from fedrcl.seeds import StopSignal
+from fedrcl.federated.preemption import StopSignal
 
 
 class MetricDumps(logging.Filter):

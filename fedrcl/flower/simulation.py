@@ -37,7 +37,7 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
 
     from fedrcl.flower.client import make_client_app
     from fedrcl.flower.server import make_server_app, quiet_flower_log
-    from fedrcl.seeds import StopSignal
+    from fedrcl.federated.preemption import StopSignal
 
     args = as_args(args)
     # A checkpoint the run cannot read is refused here, in one line, not inside the ServerApp (Flower's traceback).
