@@ -157,9 +157,9 @@ def make_server_app(args: Optional[Args] = None, timeout: float = 3600.0, more: 
     further runs, one after another on the same nodes (e.g. seeds, or methods compared). ``timeout``: seconds
     a round waits for its clients (the run config's ``round-timeout`` overrides it); a client that has not
     replied by then stops the run, named. ``restart_wait``: seconds a round waits for a lost node to come
-    back (the run config's ``node-restart-wait`` overrides it). ``stop``: where SIGTERM and Ctrl-C are recorded
-    (a simulation's, installed in its main thread); ``None``: the ServerApp's own, where it runs in the main
-    thread (a deployment's ``flwr-serverapp``), which then exits with 128 + the signal's number."""
+    back (the run config's ``node-restart-wait`` overrides it). ``stop``: where SIGTERM and Ctrl-C are recorded;
+    ``None``: the ServerApp's own, where it runs in the main thread (a deployment's ``flwr-serverapp``), which
+    then exits with 128 + the signal's number (in a simulation the ServerApp is a thread and Ray takes SIGTERM)."""
     app = ServerApp()
 
     @app.main()

@@ -37,7 +37,6 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
 
     from fedrcl.flower.client import make_client_app
     from fedrcl.flower.server import make_server_app, quiet_flower_log
-    from fedrcl.federated.preemption import StopSignal
 
     args = as_args(args)
     # A checkpoint the run cannot read is refused here, in one line, not inside the ServerApp (Flower's traceback).
@@ -47,8 +46,7 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
         num_supernodes = build([*split_ckpt_path(args)[0], "--trainer.logger", "false"]).datamodule.num_clients
     resources: dict[str, ConfigRecordValues] = {"num_cpus": cpus_per_client or os.cpu_count() or 1,
                                                 "num_gpus": 0.0}
-    stop = StopSignal()  # SIGTERM / Ctrl-C: the round in progress ends, checkpointed (the ServerApp's thread)
-    server_app = make_server_app(args, timeout=round_timeout, more=[as_args(m) for m in more], stop=stop)
+    server_app = make_server_app(args, timeout=round_timeout, more=[as_args(m) for m in more])
     update_console_handler(colored=sys.stderr.isatty())  # no colour codes in a redirected log
     if not sys.stdout.isatty():
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # Ray's "(ClientAppActor pid=...)" prefix, uncoloured
@@ -60,13 +58,10 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
     deprecation = DeprecatedOnPurpose()
     FLOWER_LOGGER.addFilter(deprecation)
     try:
-        with stop:
-            run_simulation(server_app, make_client_app(), num_supernodes=num_supernodes,
-                           backend_config={"client_resources": resources}, verbose_logging=verbose)
+        run_simulation(server_app, make_client_app(), num_supernodes=num_supernodes,
+                       backend_config={"client_resources": resources}, verbose_logging=verbose)
     finally:
         FLOWER_LOGGER.removeFilter(deprecation)
-    if stop.signum is not None:
-        raise SystemExit(128 + stop.signum)
 
 
 class DeprecatedOnPurpose(logging.Filter):
