@@ -21,7 +21,7 @@ from torch import Tensor
 
 from fedrcl.algorithms.client_memory import PersistentClientState
 from fedrcl.contract.context import ClientContext
-from fedrcl.data.datamodule import datamodule_of
+from fedrcl.data.datamodule import total_train_samples
 from fedrcl.losses.dynamic_regularizer import dual_update, dynamic_regularizer
 from fedrcl.models.output import ModelOutput
 from fedrcl.server.feddyn import FedDyn as FedDynServer
@@ -53,8 +53,7 @@ class FedDyn(PersistentClientState):
         super().setup(stage)
         if stage != "fit":  # evaluating a checkpoint needs no sample counts
             return
-        dm = datamodule_of(self.trainer)
-        self._total_samples = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
+        self._total_samples = total_train_samples(self.trainer)
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)

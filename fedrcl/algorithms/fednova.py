@@ -26,7 +26,7 @@ from torch import Tensor
 
 from fedrcl.algorithms.fedprox import FedProx
 from fedrcl.contract.context import ClientContext
-from fedrcl.data.datamodule import datamodule_of
+from fedrcl.data.datamodule import total_train_samples
 from fedrcl.losses.normalized_averaging import normalized_model, update_norm
 from fedrcl.server.fednova import FedNova as FedNovaServer
 
@@ -55,8 +55,7 @@ class FedNova(FedProx):
         super().setup(stage)
         if stage != "fit":  # evaluating a checkpoint needs no sample counts
             return
-        dm = datamodule_of(self.trainer)
-        self._total_samples = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
+        self._total_samples = total_train_samples(self.trainer)
 
     def client_norm(self, client: ClientContext) -> float:
         """``eta ||a_i||_1`` of ``client``'s local steps this round (its lr per local epoch, as ``ClientRun``)."""

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from fedrcl.algorithms.client_memory import PersistentClientState
 from fedrcl.contract.context import ClientContext
-from fedrcl.data.datamodule import datamodule_of
+from fedrcl.data.datamodule import total_train_samples
 from fedrcl.losses.control_variate import control_variate_delta, linear_term
 from fedrcl.models.output import ModelOutput
 from fedrcl.server.scaffold import SCAFFOLD as ScaffoldServer
@@ -69,8 +69,7 @@ class SCAFFOLD(PersistentClientState):
         super().setup(stage)
         if stage != "fit":  # evaluating a checkpoint needs no sample counts
             return
-        dm = datamodule_of(self.trainer)
-        self._total_samples = sum(dm.client_num_samples(k) for k in range(dm.num_clients))
+        self._total_samples = total_train_samples(self.trainer)
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)

@@ -517,6 +517,13 @@ def datamodule_of(trainer: L.Trainer) -> FederatedDataModule:
     return trainer.datamodule  # type: ignore[attr-defined]
 
 
+def total_train_samples(trainer: L.Trainer) -> int:
+    """The training samples of every client of ``trainer``'s federation (the weights' denominator of a server
+    half that counts all clients, as SCAFFOLD's and FedDyn's)."""
+    dm = datamodule_of(trainer)
+    return sum(dm.client_num_samples(k) for k in range(dm.num_clients))
+
+
 class RoundBatches:
     """The current round's batch stream: each planned client's batches in turn (stacked when batched).
 
