@@ -195,6 +195,9 @@ def assert_short(err: str, message: str) -> None:
 
 SHORT_CASES = [  # (arguments, the message, exit status): values, files, checkpoints, configs
     (["--data.alpha", "0"], "fedrcl: error: data.alpha must be > 0, got 0.0", 1),
+    (["--data.val_fraction", "1"], "fedrcl: error: data.val_fraction must be in [0, 1), got 1.0", 1),
+    (["--data.val_fraction", "0.1", "--data.feature_skew", "[rotation]"],
+     "fedrcl: error: data.val_fraction with data.feature_skew: the validation set is not evaluated per domain", 1),
     (["--data.batch_size", "500"], "data.batch_size=500 is larger than client", 1),
     (["--trainer.clients_per_round", "20"], "trainer.clients_per_round=20 exceeds data.num_clients=10", 1),
     (["--torch_threads", "0"], "torch_threads must be >= 1 or null, got 0", 1),

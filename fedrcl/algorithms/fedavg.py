@@ -20,6 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from fedrcl.contract.context import ClientContext
 from fedrcl.data.domains import domain_accuracy_of
+from fedrcl.data.validation import ACCURACIES
 from fedrcl.contract.exchange import ClientExchange
 from fedrcl.contract.processes import sum_over_processes
 from fedrcl.contract.protocols import ClientStack
@@ -97,8 +98,10 @@ class FedAvg(ClientExchange, L.LightningModule):
         self.lr, self.lr_decay, self.local_lr_decay = lr, lr_decay, local_lr_decay
         self.momentum, self.weight_decay, self.grad_clip_norm = momentum, weight_decay, grad_clip_norm
         self.ema_decay = ema_decay
-        self.acc_ema: Optional[float] = None
+        self.acc_ema: Optional[float] = None  # of val/acc
+        self.test_acc_ema: Optional[float] = None  # of test/acc, with a validation split (data.val_fraction)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.client: Optional[ClientContext] = None
         self.stack: Optional[ClientStack] = None  # the round's clients while they train batched (``StackedClients``)
 
@@ -255,32 +258,44 @@ class FedAvg(ClientExchange, L.LightningModule):
         sums, steps = sum_over_processes(self.trainer, self._round_loss_sums, self._round_steps)
         self.log_dict({f"train/{k}": v / steps for k, v in sums.items()})
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """One batch of an evaluation set: the first (``val/``: the validation set, or the test set without a
+        validation split) or, with ``data.val_fraction``, the second (``test/``)."""
         x, y = batch
         logits = self.backbone(x).logits
-        self.val_acc.update(logits, y)
-        domains = domain_accuracy_of(self.trainer)  # data with domains: per domain too
+        (self.val_acc if dataloader_idx == 0 else self.test_acc).update(logits, y)
+        domains = domain_accuracy_of(self.trainer)  # data with domains (no validation split): per domain too
         if domains is not None:
             domains.update(logits, y, batch_idx)
 
     def on_validation_epoch_end(self) -> None:
-        acc = self.val_acc.compute().item()
-        self.val_acc.reset()
-        if self.trainer.state.fn == "fit":  # `fedrcl validate` reports the checkpoint's EMA (or none)
-            self.update_acc_ema(acc)
-        ema = {} if self.acc_ema is None else {"val/acc_ema": self.acc_ema}
+        evaluated = {"val": self.val_acc, "test": self.test_acc}
+        accuracies = {f"{prefix}/acc": metric.compute().item() for prefix, metric in evaluated.items()
+                      if metric.update_count}
+        for metric in evaluated.values():
+            metric.reset()
+        fitting = self.trainer.state.fn == "fit"  # `fedrcl validate` reports the checkpoint's EMA (or none)
+        metrics = {**accuracies, **self.accuracy_emas(accuracies, update=fitting)}
+        metrics = {k: metrics[k] for k in ACCURACIES if k in metrics}  # the round line's order
         domains = domain_accuracy_of(self.trainer)
         per_domain = {} if domains is None else domains.compute(self.trainer.strategy)  # val/acc/<domain>
-        self.log_dict({"val/acc": acc, **ema}, prog_bar=True)
+        self.log_dict(metrics, prog_bar=True)
         if per_domain:
             self.log_dict(per_domain)
 
-    def update_acc_ema(self, acc: float) -> float:
-        """Fold a round's test accuracy into ``val/acc_ema``: ``ema <- decay * ema + (1 - decay) * acc`` (the
-        first accuracy starts it). Also called by ``fedrcl.flower``'s central evaluation."""
-        self.acc_ema = acc if self.acc_ema is None else \
-            self.ema_decay * self.acc_ema + (1 - self.ema_decay) * acc
-        return self.acc_ema
+    def accuracy_emas(self, accuracies: dict[str, float], update: bool = True) -> dict[str, float]:
+        """``val/acc_ema`` (and ``test/acc_ema``) after folding in this round's ``val/acc`` (``test/acc``), each
+        ``ema <- decay * ema + (1 - decay) * acc`` (the first accuracy starts it); ``update=False``: the EMAs as
+        they stand. Called by every backend's evaluation (fit, seeds together, Flower)."""
+        emas = {}
+        for prefix, attribute in (("val", "acc_ema"), ("test", "test_acc_ema")):
+            acc, ema = accuracies.get(f"{prefix}/acc"), getattr(self, attribute)
+            if update and acc is not None:
+                ema = acc if ema is None else self.ema_decay * ema + (1 - self.ema_decay) * acc
+                setattr(self, attribute, ema)
+            if ema is not None:
+                emas[f"{prefix}/acc_ema"] = ema
+        return emas
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.validation_step(batch, batch_idx)
@@ -294,6 +309,9 @@ class FedAvg(ClientExchange, L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["acc_ema"] = self.acc_ema
+        if self.test_acc_ema is not None:
+            checkpoint["test_acc_ema"] = self.test_acc_ema
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.acc_ema = checkpoint.get("acc_ema")
+        self.test_acc_ema = checkpoint.get("test_acc_ema")

@@ -19,6 +19,7 @@ from fedrcl.data.feature_skew import SEVERITIES, FeatureShift, make_shift
 from fedrcl.data.huggingface import Columns, Partitioner, flower_partition
 from fedrcl.data.partition import dirichlet_partition, iid_partition, shard_partition
 from fedrcl.data.sources import OWN_DATASETS, own_data_shape, read_own_data
+from fedrcl.data.validation import hold_out
 from fedrcl.data.split_file import (SplitFile, authors_split_name, check_labels, check_split, label_fingerprint,
                                      read_split_file, write_split)
 from fedrcl.contract.plan import RoundPlan
@@ -121,6 +122,11 @@ class FederatedDataModule(L.LightningDataModule):
             ``flwr_datasets.partitioner.DirichletPartitioner`` with ``init_args`` ``partition_by: label`` and
             ``alpha``; built with ``num_partitions = num_clients`` over a table of the train set's ``label``
             (and ``client``, ``domain``) columns (``fedrcl.data.huggingface.flower_partition``). null: fedrcl's own.
+        val_fraction: the share of every client's training samples held out as the validation set
+            (``fedrcl.data.validation``, seeded by ``seed``; ``split.json`` keeps the whole parts). 0: none, and
+            ``val/acc`` is the test accuracy, as the paper reports it. Above 0: ``val/acc`` and ``val/acc_ema``
+            are the global model's accuracy on the validation set, ``test/acc`` and ``test/acc_ema`` on the
+            test set (docs/tuning.md). In [0, 1); not with domains (``feature_skew``, domain data).
     """
 
     def __init__(
@@ -152,6 +158,7 @@ class FederatedDataModule(L.LightningDataModule):
         client_column: Optional[str] = None,
         domain_column: Optional[str] = None,
         partitioner: Optional[Callable[[int], Partitioner]] = None,
+        val_fraction: float = 0.0,
     ):
         super().__init__()
         self.own_data = dataset in OWN_DATASETS
@@ -162,6 +169,11 @@ class FederatedDataModule(L.LightningDataModule):
                                  f"{dataset} is {DATASETS[dataset].image_size} px, got {image_size}")
         if not 0 < test_fraction < 1:
             raise ValueError(f"data.test_fraction must be in (0, 1), got {test_fraction}")
+        if not 0 <= val_fraction < 1:
+            raise ValueError(f"data.val_fraction must be in [0, 1), got {val_fraction}")
+        if val_fraction > 0 and feature_skew is not None:
+            raise ValueError("data.val_fraction with data.feature_skew: the validation set is not evaluated per "
+                             "domain yet; set data.val_fraction 0 (val/acc is then the test accuracy)")
         if feature_skew is not None:
             unknown = [k for k in feature_skew if k not in SEVERITIES]
             if unknown or not feature_skew:
@@ -181,6 +193,8 @@ class FederatedDataModule(L.LightningDataModule):
         self.domain_split, self.domain_alpha = domain_split, domain_alpha
         self.columns = Columns(image_column, label_column, client_column, domain_column)
         self.partitioner = partitioner
+        self.val_fraction = val_fraction
+        self.val_indices: Optional[Tensor] = None  # the validation set's indices into the train set
         self.info = self._static_info(dataset, root)
         for key, value in (("num_clients", num_clients), ("batch_size", batch_size), ("views", views),
                            ("eval_batch_size", eval_batch_size), ("shards_per_client", shards_per_client)):
@@ -257,7 +271,7 @@ class FederatedDataModule(L.LightningDataModule):
             return
         log_dir = trainer.log_dir  # collective on several processes: every rank asks
         if trainer.is_global_zero and log_dir is not None:
-            parts = [p.cpu().numpy() for p in self.client_indices]
+            parts = self._parts  # whole, the validation samples included: the split, not what trains
             labels = label_fingerprint(self.y_train.cpu().numpy(), parts, self.num_classes)
             write_split(Path(log_dir) / "split.json", parts, self.dataset, labels)
 
@@ -293,7 +307,14 @@ class FederatedDataModule(L.LightningDataModule):
         if self.shifts is not None:
             self.shifts = [make_shift(s.kind, s.severity, self.info.in_channels, self.seed, d, device)
                            for d, s in enumerate(self.shifts)]
-        self.client_indices = [torch.as_tensor(p, dtype=torch.long, device=device) for p in self._parts]
+        train_parts = self._parts
+        if self.val_fraction > 0:
+            if self.domains is not None:
+                raise ValueError(f"data.val_fraction with data that has domains ({self.dataset} at {self.root}): "
+                                 f"the validation set is not evaluated per domain yet; set data.val_fraction 0")
+            train_parts, held = hold_out(self._parts, self.val_fraction, self.seed)
+            self.val_indices = torch.as_tensor(held, dtype=torch.long, device=device)
+        self.client_indices = [torch.as_tensor(p, dtype=torch.long, device=device) for p in train_parts]
         smallest = min(range(self.num_clients), key=lambda k: len(self.client_indices[k]))
         if self.batch_size is None:
             assert self.local_iters_per_epoch is not None  # __init__: batch_size null needs local_iters_per_epoch
@@ -478,8 +499,16 @@ class FederatedDataModule(L.LightningDataModule):
     def train_dataloader(self) -> "RoundBatches":
         return RoundBatches(self)
 
-    def val_dataloader(self) -> "EvalBatches":
-        return EvalBatches(self)
+    def evaluation_sets(self) -> dict[str, "EvalBatches"]:
+        """What the global model is evaluated on each round, by tag prefix: with a validation split ``val`` (the
+        held-out samples) and ``test``; without, ``val`` is the test set (``val/acc``, the paper's habit)."""
+        if self.val_indices is None:
+            return {"val": EvalBatches(self)}
+        return {"val": EvalBatches(self, "val"), "test": EvalBatches(self)}
+
+    def val_dataloader(self) -> "EvalBatches | list[EvalBatches]":
+        sets = list(self.evaluation_sets().values())
+        return sets[0] if len(sets) == 1 else sets
 
     def test_dataloader(self) -> "EvalBatches":
         return EvalBatches(self)
@@ -571,15 +600,19 @@ def eval_slices(num_samples: int, batch_size: int, rank: int = 0,
 
 
 class EvalBatches:
-    """The test set in order, normalised, in batches of ``eval_batch_size``; with several processes, this
-    process's share (``eval_slices``), so that metrics synced over processes see every sample once."""
+    """The test set (or with ``split="val"`` the validation set) in order, normalised, in batches of
+    ``eval_batch_size``; with several processes, this process's share (``eval_slices``), so that metrics synced
+    over processes see every sample once."""
 
-    def __init__(self, datamodule: FederatedDataModule):
-        self.datamodule = datamodule
+    def __init__(self, datamodule: FederatedDataModule, split: Literal["test", "val"] = "test"):
+        self.datamodule, self.split = datamodule, split
 
     def _slices(self) -> list[tuple[int, int, int]]:
         dm, trainer = self.datamodule, self.datamodule.trainer
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        if self.split == "val":
+            assert dm.val_indices is not None, "a validation set is evaluated only with data.val_fraction > 0"
+            return [(0, a, b) for a, b in eval_slices(len(dm.val_indices), dm.eval_batch_size, rank, world_size)]
         if not dm._test_ranges:  # not set up by ``setup`` (a test building the data module by hand)
             dm._test_ranges = [(0, 0, len(dm.y_test))]
         return dm.eval_plan(rank, world_size)
@@ -587,9 +620,21 @@ class EvalBatches:
     def __len__(self) -> int:
         return len(self._slices())
 
+    @property
+    def num_samples(self) -> int:
+        """The samples of the whole set (over all processes)."""
+        dm = self.datamodule
+        return len(dm.val_indices) if self.split == "val" and dm.val_indices is not None else len(dm.y_test)
+
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         dm = self.datamodule
         plan = self._slices()
+        if self.split == "val":
+            assert dm.val_indices is not None
+            for _, start, end in plan:
+                idx = dm.val_indices[start:end]
+                yield dm.model_input(dm.x_train[idx]), dm.y_train[idx]
+            return
         dm._eval_batch_domains = [d for d, _, _ in plan]  # read by ``DomainAccuracy`` per batch index
         for d, start, end in plan:
             shift = None if dm.shifts is None else dm.shifts[d]

@@ -25,12 +25,11 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 from fedrcl.analysis.layout import ACCURACY_FIRST, ScalarLayout
-from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint
 from fedrcl.federated.federation import Federation
 from fedrcl.federated.local_update import attach
 from fedrcl.federated.preemption import Preemption
-from fedrcl.federated.progress import RoundLines, RoundLog, RunClock, round_line, run_summary
+from fedrcl.federated.progress import SHOWN, RoundLines, RoundLog, RunClock, round_line, run_summary
 
 # What a driven run calls of a user's callback (its rounds are not Lightning's: no step, no validation loop)
 ROUND_HOOKS = ("on_train_start", "on_train_epoch_start", "on_train_epoch_end", "on_train_end")
@@ -108,21 +107,22 @@ class DrivenRun:
         """A round begins: the callbacks' ``on_train_epoch_start``."""
         self._call("on_train_epoch_start")
 
-    def end_round(self, steps: int, train: dict[str, float], seconds: float, accuracy: Optional[float] = None,
+    def end_round(self, steps: int, train: dict[str, float], seconds: float,
+                  accuracies: Optional[dict[str, float]] = None,
                   extra: Optional[dict[str, float]] = None) -> dict[str, float]:
-        """Round ``next_round`` has ended with ``steps`` client steps, its ``train/*`` means and ``accuracy`` (the
-        new global model's, if evaluated); ``extra``: the driver's own scalars. Returns the round's metrics."""
+        """Round ``next_round`` has ended with ``steps`` client steps, its ``train/*`` means and ``accuracies``
+        (the new global model's ``val/acc`` and, with a validation split, ``test/acc``, if evaluated: ``evaluate``);
+        ``extra``: the driver's own scalars. Returns the round's metrics."""
         trainer, module, round_idx = self.trainer, self.module, self.next_round
         self.steps += steps
         metrics = {**train, "train/lr": float(module.client_lr(round_idx, 0)), "time/round_seconds": seconds}
-        if accuracy is not None:
-            metrics["val/acc"] = accuracy
-            metrics["val/acc_ema"] = module.update_acc_ema(accuracy)
+        if accuracies:
+            metrics.update({**accuracies, **module.accuracy_emas(accuracies)})
         privacy = trainer.federation.privacy
         metrics.update(privacy.metrics() if privacy is not None else {})
         _, ledger = trainer.federation.ledger.metrics()
         log_round(trainer, round_idx, {**metrics, **ledger, **(extra or {})})
-        shown: dict[str, Any] = {k: metrics[k] for k in ("val/acc", "val/acc_ema", "train/loss", "privacy/epsilon") if k in metrics}
+        shown: dict[str, Any] = {k: metrics[k] for k in SHOWN if k in metrics}
         self.say(round_line(trainer, shown, self.clock))
         self.clock.round_started()
         self.saved = save_round(trainer, module, round_idx, self.steps, round_end=lambda: self._call(
@@ -185,17 +185,21 @@ def write_run_folder(trainer: L.Trainer, module: Any, datamodule: Any) -> None:
             callback.on_fit_start(trainer, module)
 
 
-def evaluate(module: Any, datamodule: Any) -> float:
-    """Top-1 accuracy of ``module``'s global model on the test set (its ``validation_step``)."""
+def evaluate(module: Any, datamodule: Any) -> dict[str, float]:
+    """Top-1 accuracy of ``module``'s global model on each evaluation set (``val/acc``: the test set, or with a
+    validation split the validation set, and then ``test/acc``), by its ``validation_step``."""
     module.eval()
     precision = module.trainer.precision_plugin  # the run's precision, as fit's evaluation loop applies it
-    with torch.no_grad(), precision.val_step_context():
-        for batch_idx, batch in enumerate(EvalBatches(datamodule)):
-            module.validation_step(precision.convert_input(batch), batch_idx)
+    accuracies = {}
+    for index, (prefix, batches) in enumerate(datamodule.evaluation_sets().items()):
+        metric = module.val_acc if index == 0 else module.test_acc
+        with torch.no_grad(), precision.val_step_context():
+            for batch_idx, batch in enumerate(batches):
+                module.validation_step(precision.convert_input(batch), batch_idx, index)
+        accuracies[f"{prefix}/acc"] = float(metric.compute().item())
+        metric.reset()
     module.train()
-    acc = module.val_acc.compute().item()
-    module.val_acc.reset()
-    return float(acc)
+    return accuracies
 
 
 def log_round(trainer: L.Trainer, round_idx: int, metrics: dict[str, float]) -> None:

@@ -40,6 +40,8 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 from lightning.pytorch.utilities.model_summary import get_human_readable_count, summarize
 from torchmetrics import Metric
 
+from fedrcl.data.validation import ACCURACIES
+
 __all__ = ["RoundProgressBar", "RoundLines", "RoundLog", "RoundReport", "RunClock", "WeightsSummary",
            "cpu_scale_configs", "first_steps_line", "long_run_warning", "round_progress", "run_seconds",
            "run_summary", "stop_reason", "quiet_lightning"]
@@ -135,6 +137,10 @@ class RunClock:
         return f"elapsed {duration(elapsed)}, left {left}"
 
 
+# A round line's metrics, in this order, where logged.
+SHOWN = (*ACCURACIES, "train/loss", "privacy/epsilon")
+
+
 def round_line(trainer: L.Trainer, metrics: dict[str, Any], clock: RunClock) -> str:
     """``Round 12/60  val/acc 0.9306  val/acc_ema 0.8812  (0.41 s; elapsed 0:05, left 0:20)``."""
     shown = {k: v for k, v in metrics.items() if k != "v_num"}
@@ -182,7 +188,7 @@ def run_summary(trainer: L.Trainer, clock: RunClock, last: Optional[dict[str, An
     if reason:
         lines.append(f"fedrcl: stopped early after round {done}/{trainer.max_epochs}: {reason}")
     values = trainer.callback_metrics if last is None else last
-    metrics = [f"{k} {float(values[k]):.4f}" for k in ("val/acc", "val/acc_ema", "privacy/epsilon") if k in values]
+    metrics = [f"{k} {float(values[k]):.4f}" for k in (*ACCURACIES, "privacy/epsilon") if k in values]
     lines.append(f"fedrcl: {done}/{trainer.max_epochs} rounds in {duration(clock.elapsed())}"
                  + (f"; {', '.join(metrics)}" if metrics else ""))
     from fedrcl.federated.run_folder import logger_folder  # where its checkpoints are, for any logger

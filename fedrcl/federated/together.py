@@ -330,7 +330,7 @@ class Cohort:
         due = [s for s in folded if (active[s].next_round + 1) % active[s].trainer.check_val_every_n_epoch == 0]
         started = time.perf_counter()
         accuracies = dict(zip(due, self._evaluation(active[due[0]]).accuracies([active[s] for s in due]))) \
-            if due else {}
+            if due else {}  # each seed's {"val/acc": ..., "test/acc": ...}
         evaluation = time.perf_counter() - started
         for s in due:  # the evaluation's time, shared by the seeds evaluated together
             active[s].trainer.federation.ledger.add("evaluation", evaluation)
@@ -338,14 +338,14 @@ class Cohort:
             self._report(active[s], stacked, loss_sums, s, seconds, accuracies.get(s))
 
     def _report(self, run: SeedRun, stacked: "StackedSeeds", loss_sums: Tensor, s: int, seconds: float,
-                accuracy: Optional[float]) -> None:
+                accuracies: Optional[dict[str, float]]) -> None:
         """Seed ``s``'s round ends as ``fedrcl fit`` ends it (``DrivenRun.end_round``), with its clients' steps and
         summed losses."""
         clients = stacked.clients
         steps = clients * stacked.runs[s][0].client.num_steps
         mine = slice(s * clients, (s + 1) * clients)
         sums = {"loss": loss_sums[mine].sum(), **{f"loss_{k}": v[mine].sum() for k, v in stacked.part_sums.items()}}
-        run.end_round(steps, {f"train/{k}": float(v) / steps for k, v in sums.items()}, seconds, accuracy)
+        run.end_round(steps, {f"train/{k}": float(v) / steps for k, v in sums.items()}, seconds, accuracies)
 
     def _evaluation(self, first: SeedRun) -> "SeedsEvaluation":
         if self._evaluate is None:
@@ -395,21 +395,46 @@ class SeedsEvaluation:
         logits: Tensor = functional_call(self.backbone, params, (x,)).logits
         return logits
 
+    def accuracies(self, runs: list[SeedRun]) -> list[dict[str, float]]:
+        """Each run's global model's accuracy on each of its evaluation sets (``val/acc``, and with a validation
+        split ``test/acc``: ``FederatedDataModule.evaluation_sets``). The seeds share the test set; runs whose
+        validation sets differ (``--vary_split``) are evaluated group by group."""
+        found: list[dict[str, float]] = [{} for _ in runs]
+        groups: list[list[int]] = []
+        for i, run in enumerate(runs):
+            same = [g for g in groups if same_evaluation_sets(runs[g[0]].cli.datamodule, run.cli.datamodule)]
+            if same:
+                same[0].append(i)
+            else:
+                groups.append([i])
+        for group in groups:
+            members = [runs[i] for i in group]
+            for prefix, batches in members[0].cli.datamodule.evaluation_sets().items():
+                for i, acc in zip(group, self._accuracy(members, batches)):
+                    found[i][f"{prefix}/acc"] = acc
+        return found
+
     @torch.no_grad()
-    def accuracies(self, runs: list[SeedRun]) -> list[float]:
-        """Each run's global model's test accuracy (its data module's test set; the seeds share it)."""
+    def _accuracy(self, runs: list[SeedRun], batches: EvalBatches) -> list[float]:
         states = [dict(r.module.backbone.named_parameters()) for r in runs]
         params = {name: torch.stack([state[name] for state in states]) for name in states[0]}
         correct: Optional[Tensor] = None
-        dm = runs[0].cli.datamodule
         self.backbone.eval()
-        for x, y in EvalBatches(dm):
+        for x, y in batches:
             x, y = self.convert((x, y))
             hits = (self.forward(params, x).argmax(-1) == y).sum(-1)
             correct = hits if correct is None else correct + hits
         self.backbone.train()
-        assert correct is not None  # a test set has samples
-        return (correct.double() / len(dm.y_test)).tolist()
+        assert correct is not None  # an evaluation set has samples
+        return (correct.double() / batches.num_samples).tolist()
+
+
+def same_evaluation_sets(a: Any, b: Any) -> bool:
+    """Whether two runs' data modules evaluate on the same samples (the test set always; the validation set
+    when both have one with the same indices)."""
+    if (a.val_indices is None) != (b.val_indices is None):
+        return False
+    return a.val_indices is None or torch.equal(a.val_indices, b.val_indices)
 
 
 class StackedSeeds:

@@ -109,13 +109,13 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
             return None
         round_idx = strategy.round_idx(server_round)
         load_state_(module.backbone, arrays.to_torch_state_dict())
-        accuracy = None
+        accuracies = None
         if (round_idx + 1) % trainer.check_val_every_n_epoch == 0:
             with strategy.ledger.timed("evaluation"):
-                accuracy = evaluate(module, dm)
+                accuracies = evaluate(module, dm)
         payload = {f"flower/{d}_bytes": float(n) for d, n in strategy.payload.items()}
         metrics = run.end_round(strategy.steps - run.steps, dict(strategy.train_metrics),
-                                time.perf_counter() - started[0], accuracy, payload)
+                                time.perf_counter() - started[0], accuracies, payload)
         if run.saved:
             strategy.kept = strategy.manifest()
         started[0] = time.perf_counter()
