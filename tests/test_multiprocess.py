@@ -55,10 +55,11 @@ def curve(events: EventAccumulator, tag: str) -> list[tuple[int, float]]:
 
 @pytest.mark.slow
 def test_two_processes_give_one_process_results(data_root, tmp_path):
-    """FedRCL with FedAvgM: the same final global weights (bitwise), server momentum and logged accuracy;
-    train losses equal up to float rounding. This covers plain FedAvg's path too (the same sampling, split
-    and all-reduce); SCAFFOLD and FedDyn (``test_scaffold_feddyn.py``) and MOON (below) add client state."""
-    extra = ("--config", str(REPO / "configs" / "server" / "fedavgm.yaml"))
+    """FedRCL with FedAvgM and a validation split: the same final global weights (bitwise), server momentum and
+    logged accuracies (validation and test sets, each cut over the processes); train losses equal up to float
+    rounding. This covers plain FedAvg's path too (the same sampling, split and all-reduce); SCAFFOLD and FedDyn
+    (``test_scaffold_feddyn.py``) and MOON (below) add client state."""
+    extra = ("--config", str(REPO / "configs" / "server" / "fedavgm.yaml"), "--data.val_fraction", "0.2")
     model = "fedrcl.algorithms.FedRCL"
     one = run_cli(data_root, tmp_path / "one", *FIVE_CLIENTS, *extra, rounds=3, model=model)
     fit_two_processes(data_root, tmp_path / "two", *extra, rounds=3, model=model)
@@ -72,7 +73,7 @@ def test_two_processes_give_one_process_results(data_root, tmp_path):
         assert_same_state(buffers, saved[name])
     expected = EventAccumulator(one.trainer.logger.log_dir)
     expected.Reload()
-    for tag in ("val/acc", "val/acc_ema", "train/lr"):
+    for tag in ("val/acc", "val/acc_ema", "test/acc", "test/acc_ema", "train/lr"):
         assert curve(events, tag) == curve(expected, tag), tag
     for tag in ("train/loss", "train/loss_ce"):
         assert [s for s, _ in curve(events, tag)] == [1, 2, 3]
