@@ -18,7 +18,8 @@ from fedrcl.algorithms.fedcm import FedCM
 from fedrcl.algorithms.mofedsam import MoFedSAM
 from fedrcl.algorithms.fedgamma import FedGAMMA
 from fedrcl.algorithms.fedspeed import FedSpeed
+from fedrcl.algorithms.fedsmoo import FedSMOO
 
 __all__ = ["FedAvg", "FedRCL", "FedSCL", "FedProx", "FedLC", "FedDecorr", "FedNTD", "FitNet", "MOON", "FedMLB",
            "FedProc", "FedCL", "SCAFFOLD", "FedDyn", "FedNova",
-           "FedSAM", "FedCM", "MoFedSAM", "FedGAMMA", "FedSpeed"]
+           "FedSAM", "FedCM", "MoFedSAM", "FedGAMMA", "FedSpeed", "FedSMOO"]

@@ -7,8 +7,9 @@ from fedrcl.server.fedacg import FedACG
 from fedrcl.server.fedavgm import FedAvgM
 from fedrcl.server.feddyn import FedDyn
 from fedrcl.server.fednova import FedNova
+from fedrcl.server.fedsmoo import FedSMOO
 from fedrcl.server.fedopt import FedAdagrad, FedAdam, FedOpt, FedYogi
 from fedrcl.server.scaffold import SCAFFOLD
 
-__all__ = ["FedACG", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedNova", "FedOpt", "FedYogi",
-           "SCAFFOLD", "ServerOptimizer", "StatefulServer"]
+__all__ = ["FedACG", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedDyn", "FedNova", "FedOpt", "FedSMOO",
+           "FedYogi", "SCAFFOLD", "ServerOptimizer", "StatefulServer"]
