@@ -6,7 +6,7 @@
 - ``not_true_distillation``: FedNTD. ``feature_distillation``: FitNet. ``branch_distillation``: FedMLB.
 - ``logit_calibration``: FedLC. ``control_variate``: SCAFFOLD. ``dynamic_regularizer``: FedDyn.
 - ``normalized_averaging``: FedNova. ``sharpness``: FedSAM's perturbation. ``client_momentum``: FedCM.
-- ``prox_correction``: FedSpeed.
+- ``prox_correction``: FedSpeed. ``perturbation_correction``: FedSMOO.
 """
 from fedrcl.losses.branch_distillation import hybrid_branch_losses
 from fedrcl.losses.client_momentum import global_update_direction, momentum_direction
@@ -19,6 +19,8 @@ from fedrcl.losses.logit_calibration import calibrated_cross_entropy, calibratio
 from fedrcl.losses.model_contrastive import model_contrastive_loss
 from fedrcl.losses.normalized_averaging import effective_mean, normalized_model, update_norm
 from fedrcl.losses.not_true_distillation import not_true_distillation, not_true_logits
+from fedrcl.losses.perturbation_correction import corrected_perturbation, fedsmoo_direction, \
+    global_perturbation, perturbation_dual_update
 from fedrcl.losses.prototype_contrastive import class_feature_sums, prototype_contrastive_loss
 from fedrcl.losses.prox_correction import corrected_model, fedspeed_direction, prox_correction_update
 from fedrcl.losses.proximal import squared_distance
@@ -32,12 +34,15 @@ __all__ = [
     "class_feature_sums",
     "control_variate_delta",
     "corrected_model",
+    "corrected_perturbation",
     "decorrelation_loss",
     "dual_update",
     "dynamic_regularizer",
     "effective_mean",
+    "fedsmoo_direction",
     "fedspeed_direction",
     "global_norm",
+    "global_perturbation",
     "global_update_direction",
     "hint_losses",
     "hybrid_branch_losses",
@@ -48,6 +53,7 @@ __all__ = [
     "normalized_model",
     "not_true_distillation",
     "not_true_logits",
+    "perturbation_dual_update",
     "prototype_contrastive_loss",
     "prox_correction_update",
     "relaxed_contrastive_loss",
