@@ -3,7 +3,7 @@
     fedrcl plot runs/compare --out compare                 # compare.png and compare.svg
     fedrcl plot FedAvg=runs/fedavg FedRCL=runs/fedrcl --out compare --rounds 25 50
     fedrcl plot --run FedAvg "runs/a,b" --run FedAvg runs/c --out compare   # one curve of two folders
-    fedrcl plot runs/compare --tags val/acc_ema train/loss --band std
+    fedrcl plot runs/compare --tags test/acc_ema train/loss --band std
 
 Each argument is a folder of runs, read by the run catalogue that ``fedrcl report`` reads
 (``fedrcl.analysis.catalogue``): its runs are grouped into experiments that differ only in seeds
@@ -22,9 +22,14 @@ A figure holds runs of one data set: runs of several are refused in one line nam
 set on its own). A curve is the mean over its runs at the rounds all of them logged; with two runs or more a
 band shows the 95% Student-t interval of the mean (``--band ci``) or one sample std (``--band std``). A NaN or
 infinite point is not drawn (the mean has a gap there); each is noted under the figure and in the printed
-table. Prints a markdown table: per curve, n and ``val/acc_ema`` (mean ± std) at ``--rounds`` (default: the
-last round all its runs logged) and that round. Runs left out (without the tags, logs that cannot be read
+table. Prints a markdown table: per curve, n and the test accuracy EMA (mean ± std) at ``--rounds`` (default:
+the last round all its runs logged) and that round. Runs left out (without the tags, logs that cannot be read
 whole, version folders without a config) are named on stderr, each with why.
+
+The test accuracy is ``test/acc`` and ``test/acc_ema`` for every run (the default panels): a run with a
+validation split logged them so, a run without one logged its test accuracy as ``val/acc*``, which are read
+as ``test/acc*`` too (``fedrcl.analysis.tags.with_test_tags``); ``val/acc*`` stay as logged (a run with a
+validation split: its validation accuracy).
 
 Needs neither Lightning nor torch; matplotlib draws off-screen (Agg).
 """
@@ -38,11 +43,12 @@ from typing import Optional, Union
 
 import numpy as np
 
-from fedrcl.analysis.catalogue import EMA_TAG, RunResult, collect_runs, seed_runs, unread_versions
+from fedrcl.analysis.catalogue import RunResult, collect_runs, seed_runs, unread_versions
 from fedrcl.analysis.output import make_parent, out_file_problem
 from fedrcl.analysis.runs import Curve, read_scalars
 from fedrcl.analysis.grouping import differences, seed_groups
 from fedrcl.analysis.seed_stats import align, summarize_seeds
+from fedrcl.analysis.tags import with_test_tags
 from fedrcl.errors import command_error
 
 __all__ = ["curve_groups", "nonfinite_notes", "summary_table", "main"]
@@ -51,6 +57,8 @@ Groups = dict[str, list[Mapping[str, Curve]]]
 """``{label: [scalars of each run]}``: what ``fedrcl.analysis.plots.plot_seed_groups`` draws."""
 Spec = Union[str, tuple[str, Sequence[str]]]
 """A positional argument (``PATH``, ``LABEL=PATH[,PATH...]``) or a ``--run`` curve ``(LABEL, [PATH, ...])``."""
+TEST_TAGS = ("test/acc", "test/acc_ema")
+"""The default panels: every run's test accuracy, raw and EMA."""
 
 
 def _label(group: Sequence[RunResult]) -> str:
@@ -104,7 +112,7 @@ def _runs_with(spec: str, path: Path, tags: Sequence[str], left_out: list[str]
     found, runs = collect_runs(path) if path.is_dir() else [], []
     for run in found:
         left_out += [f"{log}: {why}" for log, why in run.problems]
-        missing = [tag for tag in tags if tag not in run.curves]
+        missing = [tag for tag in tags if tag not in with_test_tags(run.curves)]
         if missing:
             left_out.append(f"{run.path} ({', '.join(run.versions)}): no {', '.join(missing)} logged")
         runs += [] if missing else [run]
@@ -132,7 +140,7 @@ def _one_experiment(spec: str, path: Path, tags: Sequence[str], left_out: list[s
                          f"{path} alone to label them by method")
     if experiments:
         left_out += notes
-        return [r.curves for r in experiments[0]], experiments[0]
+        return [with_test_tags(r.curves) for r in experiments[0]], experiments[0]
     if found:
         raise _no_runs(spec, path, tags, notes)
     curves: list[Mapping[str, Curve]] = []  # event files without a saved config
@@ -140,6 +148,7 @@ def _one_experiment(spec: str, path: Path, tags: Sequence[str], left_out: list[s
     for run in seed_runs(path):
         scalars, problems = read_scalars(run)
         notes += [f"{log}: {why}" for log, why in problems]
+        scalars = with_test_tags(scalars)
         if all(tag in scalars for tag in tags):
             curves.append(scalars)
     if not curves:
@@ -160,7 +169,7 @@ def _one_data_set(datasets: dict[str, set[str]]) -> None:
                          "each on its own")
 
 
-def curve_groups(specs: Sequence[Spec], tags: Sequence[str] = ("val/acc", EMA_TAG),
+def curve_groups(specs: Sequence[Spec], tags: Sequence[str] = TEST_TAGS,
                  left_out: Optional[list[str]] = None) -> Groups:
     """The curves to draw from ``PATH``, ``LABEL=PATH`` and ``(LABEL, [PATH, ...])`` arguments (see the module
     docstring), in their order.
@@ -198,7 +207,7 @@ def curve_groups(specs: Sequence[Spec], tags: Sequence[str] = ("val/acc", EMA_TA
                 name = make(group, path)
                 if sum(make(other, path) == name for other in experiments) == 1 and name not in groups:
                     break
-            groups[name] = [r.curves for r in group]
+            groups[name] = [with_test_tags(r.curves) for r in group]
             datasets[name] = {r.setting["dataset"] for r in group if r.setting["dataset"] is not None}
     _one_data_set(datasets)
     return groups
@@ -225,7 +234,7 @@ def nonfinite_notes(groups: Groups, tags: Sequence[str]) -> list[str]:
     return notes
 
 
-def summary_table(groups: Groups, rounds: Optional[Sequence[int]] = None, tag: str = EMA_TAG) -> list[str]:
+def summary_table(groups: Groups, rounds: Optional[Sequence[int]] = None, tag: str = "test/acc_ema") -> list[str]:
     """Markdown rows: per curve, n, ``tag`` in % (mean ± sample std over its runs) at ``rounds`` ("-" where not
     all its runs logged it, "non-finite" where one logged NaN or infinity) and the last round all of them
     logged; without ``rounds``, at that round."""
@@ -269,11 +278,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                              "to add paths to it")
     parser.add_argument("--out", default="curves",
                         help="write OUT.png and OUT.svg (a .png or .svg suffix is dropped; default: %(default)s)")
-    parser.add_argument("--tags", nargs="+", default=["val/acc", EMA_TAG], help="one panel per scalar "
-                                                                                "(default: %(default)s)")
+    parser.add_argument("--tags", nargs="+", default=list(TEST_TAGS), help="one panel per scalar (default: "
+                        "%(default)s, the test accuracy of every run; val/acc* as logged)")
     parser.add_argument("--band", choices=("ci", "std"), default="ci",
                         help="band over seeds: the 95%% Student-t interval of the mean, or one sample std")
-    parser.add_argument("--rounds", type=int, nargs="+", help="rounds of the printed val/acc_ema table")
+    parser.add_argument("--rounds", type=int, nargs="+", help="rounds of the printed test/acc_ema table")
     parser.add_argument("--title", default="", help="a title above the panels")
     args = parser.parse_args(argv)
     if not args.runs and not args.run:

@@ -4,6 +4,8 @@
     fedrcl report runs --out report.md
     fedrcl report runs --paper              # also every table of the paper, our rows beneath its rows
     fedrcl report runs --rounds 100 300 500 # seeds and paired differences at these rounds
+    fedrcl report runs --format latex       # the paper table alone: methods x settings (also markdown, csv)
+    fedrcl report sweeps --select val       # each method's setting chosen on validation, its test accuracy
 
 The report starts with your runs (a table: setting, rounds, last EMA; a run that logged fewer rounds than
 its ``trainer.rounds`` is marked as not finished, one whose logs could not be read whole says so), then the
@@ -40,6 +42,23 @@ std, 95% interval and n (``fedrcl.analysis.seed_stats.paired_differences``); per
 the challenger's EMA stays above the reference's (``fedrcl.analysis.crossing``, curves cut at the last of
 those rounds).
 
+Test and validation accuracy (``fedrcl.analysis.tags``): a run with a validation split (``data.val_fraction >
+0``) logs its test accuracy as ``test/acc*`` and its validation accuracy as ``val/acc*``; a run without one
+logs its test accuracy as ``val/acc*``. Every table reads the test accuracy (the Seeds section's default tags
+become ``test/acc_ema test/acc`` where a run has a validation split; otherwise they read as before).
+
+Paper table (``--format markdown|latex|csv``, ``fedrcl.analysis.paper_table``): the table alone, methods x
+settings (``settings_table``), each cell the test accuracy EMA, mean ± the 95% interval's half-width over seeds,
+the best of each column in bold, the paper's number beside where a cell of its tables has the setting.
+
+Selection on validation (``--select val [--select_tag acc_ema|acc] [--select_round R] [--reference M]``,
+``fedrcl.analysis.selection``): per method, the setting (seed group) with the best mean validation accuracy over
+its seeds at round R (default: the last round all the method's runs logged), chosen from validation curves
+only; then that setting's test accuracy (EMA and raw) over seeds with the 95% interval and n, and its EMA minus
+the reference method's paired by seed. The protocol comes with the table: what was searched per method, its
+settings x seeds x rounds, and a warning when those budgets differ. A run without a validation split is refused
+in one line (selecting on its ``val/acc``, the test accuracy, would tune on the test set).
+
 Reading runs needs neither Lightning nor torch (``fedrcl report`` starts in well under a second of imports).
 ``--out`` is checked before anything is read: a folder it cannot be written in is one line naming it.
 """
@@ -47,12 +66,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from fedrcl.analysis.catalogue import EMA_TAG, RunResult, collect_runs, unread_versions
+from fedrcl.analysis.catalogue import RunResult, collect_runs, unread_versions
 from fedrcl.analysis.grouping import (
     comparison_rounds,
     comparisons,
@@ -64,16 +83,34 @@ from fedrcl.analysis.grouping import (
     seed_order,
 )
 from fedrcl.analysis.output import out_file_problem, write_text
+from fedrcl.analysis.paper_table import columns_of as _columns
+from fedrcl.analysis.paper_table import paper_cells as _cells
+from fedrcl.analysis.paper_table import protocol, selected_table, settings_table
+from fedrcl.analysis.paper_table import setting_matches as _matches
+from fedrcl.analysis.selection import select_on_validation
+from fedrcl.analysis.tables import render_csv, render_latex, render_markdown
 from fedrcl.analysis.runs import Curve
 from fedrcl.analysis.seed_stats import align, paired_differences, summarize_seeds, value_at
 from fedrcl.analysis.settings import SEED_KEYS
+from fedrcl.analysis.tags import logged_validation, tag_of_test, with_test_tags
 from fedrcl.errors import command_error
 
 __all__ = ["load_paper_results", "render_seed_table", "render_paired", "render_report", "main"]
 
 DEFAULT_SEED_TAGS = ("val/acc_ema", "val/acc")
-PAIRED_TAGS = {"EMA": EMA_TAG, "raw": "val/acc"}
-"""The accuracies the "Paired by seed" section compares, by the name it shows them under."""
+"""The Seeds section's default scalars where no run has a validation split (then ``val/acc*`` are the test
+accuracy); where one has, ``TEST_SEED_TAGS`` (``default_seed_tags``)."""
+TEST_SEED_TAGS = ("test/acc_ema", "test/acc")
+"""Every run's test accuracy (``fedrcl.analysis.tags.with_test_tags``)."""
+PAIRED_TAGS = {"EMA": "acc_ema", "raw": "acc"}
+"""The test accuracies the "Paired by seed" section compares (``tag_of_test`` kinds), by the name it shows them
+under."""
+
+
+def default_seed_tags(runs: Sequence[RunResult]) -> tuple[str, ...]:
+    """``DEFAULT_SEED_TAGS`` where no run logged a validation accuracy apart from its test accuracy (the report
+    reads as it always did), else ``TEST_SEED_TAGS``: the test accuracy of every run, never a validation one."""
+    return TEST_SEED_TAGS if any(logged_validation(run.curves) for run in runs) else DEFAULT_SEED_TAGS
 
 
 PAPER = 'Seo et al., "Relaxed Contrastive Learning for Federated Learning", CVPR 2024'
@@ -92,18 +129,20 @@ def _seed_label(runs: Sequence[RunResult], key: str) -> str:
     return ",".join(values)
 
 
-def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_SEED_TAGS,
+def render_seed_table(runs: Sequence[RunResult], tags: Optional[Sequence[str]] = None,
                       root: Optional[Path] = None, rounds: Sequence[int] = ()) -> list[str]:
     """The "Seeds" section: per experiment, per tag, mean ± std over its runs, n and the 95% interval.
 
-    Values are in % for tags of accuracies (``.../acc...``), as logged otherwise; each at the last round
-    every run of the experiment logged the tag (``@`` that round), and in a second table at each of
+    ``tags`` default to ``default_seed_tags(runs)``; ``test/acc*`` are read as every run's test accuracy
+    (``with_test_tags``). Values are in % for tags of accuracies (``.../acc...``), as logged otherwise; each at
+    the last round every run of the experiment logged the tag (``@`` that round), and in a second table at each of
     ``rounds``, over the runs that logged it. Paths are shown relative to ``root``.
     """
     out = ["## Seeds", "",
            "Runs that differ only in seeds, grouped: mean ± sample std over the runs, n, and the 95% "
            "interval of the mean (Student t), each at the last round all the runs logged (@). Accuracies "
            "in %.", ""]
+    tags = default_seed_tags(runs) if tags is None else tags
     groups = [g for g in seed_groups(runs) if any(r.curves for r in g)]
     if not groups:
         return out + ["No runs with logged scalars.", ""]
@@ -131,8 +170,8 @@ def render_seed_table(runs: Sequence[RunResult], tags: Sequence[str] = DEFAULT_S
             "|:--|:--|:--|" + "--:|" * len(rounds)]
     for group in groups:
         for tag in tags:
-            values = [[v for run in group if tag in run.curves and (v := value_at(run.curves[tag], r)) is not None]
-                      for r in rounds]
+            values = [[v for run in group if tag in (curves := with_test_tags(run.curves))
+                       and (v := value_at(curves[tag], r)) is not None] for r in rounds]
             cells = [_summary_cell([_scale(tag) * v for v in at_round]) for at_round in values]
             out.append(f"| {_md(_group_where(group, root, mixed))} | {_md(group[0].setting['method'])} | {_md(tag)} | "
                        + " | ".join(cells) + " |")
@@ -184,7 +223,7 @@ def _summary_cell(values: Sequence[float]) -> str:
 def _seed_cells(group: Sequence[RunResult], tag: str) -> list[str]:
     curves: list[Curve] = []
     for r in group:
-        curve = r.curves.get(tag)
+        curve = with_test_tags(r.curves).get(tag)
         if curve is None or not len(curve[0]):
             return ["", ""]
         curves.append(curve)
@@ -233,9 +272,10 @@ def render_paired(runs: Sequence[RunResult], rounds: Sequence[int] = (), root: O
                 out.append(f"| {_md(name)} | {run.seeds['seed_everything']} | {_md(_where(run.path, root))} | "
                            + " | ".join(cells) + f" | {run.rounds_logged} |")
         out += ["", f"| {_md(ch_name)} minus {_md(ref_name)} | {header} |", "|:--|" + "--:|" * len(at)]
-        for label, tag in PAIRED_TAGS.items():
-            curves = {seeds: (ref.curves[tag], ch.curves[tag]) for seeds, (ref, ch) in pairs.items()
-                      if tag in ref.curves and tag in ch.curves}
+        for label, kind in PAIRED_TAGS.items():
+            curves = {seeds: (ref.curves[ref_tag], ch.curves[ch_tag]) for seeds, (ref, ch) in pairs.items()
+                      if (ref_tag := tag_of_test(ref.curves, kind)) in ref.curves
+                      and (ch_tag := tag_of_test(ch.curves, kind)) in ch.curves}
             diffs = [{seeds: 100 * d for seeds, d in paired_differences(curves, r).items()} for r in at]
             per_seed = [", ".join(f"s{seeds[0]} {d:+.2f}" for seeds, d in by_seeds.items()) or "-"
                         for by_seeds in diffs]
@@ -252,39 +292,13 @@ def render_paired(runs: Sequence[RunResult], rounds: Sequence[int] = (), root: O
 
 
 def _raw_ema(run: RunResult, round_idx: int) -> str:
-    """``raw / EMA`` accuracy in % at ``round_idx``, "-" for a value not logged there (alone when neither is)."""
-    values = [value_at(run.curves[PAIRED_TAGS[name]], round_idx) if PAIRED_TAGS[name] in run.curves else None
-              for name in ("raw", "EMA")]
+    """``raw / EMA`` test accuracy in % at ``round_idx``, "-" for a value not logged there (alone when neither
+    is)."""
+    tags = [tag_of_test(run.curves, PAIRED_TAGS[name]) for name in ("raw", "EMA")]
+    values = [value_at(run.curves[tag], round_idx) if tag in run.curves else None for tag in tags]
     if all(v is None for v in values):
         return "-"
     return " / ".join("-" if v is None else f"{100 * v:.2f}" for v in values)
-
-
-def _matches(setting: dict[str, Any], required: dict[str, Any]) -> bool:
-    for key, want in required.items():
-        have = setting.get(key)
-        if isinstance(want, list):  # JSON has no tuples: levels
-            want = tuple(want)
-        if isinstance(want, float) and isinstance(have, (int, float)) and not isinstance(have, bool):
-            if not math.isclose(have, want, rel_tol=1e-9):
-                return False
-        elif have != want:
-            return False
-    return True
-
-
-def _columns(table: dict[str, Any], block: dict[str, Any]) -> list[dict[str, Any]]:
-    """The block's own columns where it lists them (e.g. the shard counts of Table A), else the table's."""
-    return block["columns"] if "columns" in block else table["columns"]
-
-
-def _cells(table: dict[str, Any]):
-    """``(block, row, column, required setting)`` for every cell of ``table``."""
-    for block in table["blocks"]:
-        for row in table["rows"]:
-            for column in _columns(table, block):
-                yield block["name"], row["name"], column["name"], \
-                    {**table["setting"], **block["setting"], **column["setting"], **row["setting"]}
 
 
 def _assign(tables: list[dict[str, Any]], runs: list[RunResult]) -> dict[tuple, list[RunResult]]:
@@ -447,8 +461,32 @@ def _render_paper_cells(tables: list[dict[str, Any]], shown: dict[tuple, list[Ru
                   *rows, ""]
 
 
+RENDERERS = {"markdown": render_markdown, "latex": render_latex, "csv": render_csv}
+"""``--format``'s choices: a ``fedrcl.analysis.tables.Table`` as text."""
+
+
+def render_selection(runs: Sequence[RunResult], paper: dict[str, Any], fmt: str = "markdown", kind: str = "acc_ema",
+                     round_idx: Optional[int] = None, reference: Optional[str] = None,
+                     title: str = "") -> tuple[str, str]:
+    """``(text, protocol)`` of ``--select val``: each method's setting chosen on validation
+    (``fedrcl.analysis.selection.select_on_validation``) and its test accuracy (``selected_table``) in ``fmt``,
+    with the protocol (``protocol``): above the markdown table, as ``%`` lines above the LaTeX one; for CSV the
+    protocol is returned apart (``fedrcl report`` prints it on stderr). ``ValueError`` in one line for a run
+    without a validation split, runs of several benchmarks or an unknown ``reference``."""
+    selections = select_on_validation(runs, kind, round_idx)
+    table = selected_table(selections, paper, reference)
+    lines = protocol(selections, kind)
+    if fmt == "markdown":
+        heading = [f"# fedrcl report{': ' + title if title else ''}, selected on validation", ""]
+        return "\n".join(heading + ["## Protocol", "", *lines, "## Selected on validation", "",
+                                    render_markdown(table)]), ""
+    if fmt == "latex":
+        return "\n".join(f"% {line}".rstrip() for line in lines) + "\n" + render_latex(table), ""
+    return RENDERERS[fmt](table), "\n".join(lines)
+
+
 def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = None, title: str = "",
-                  seed_tags: Sequence[str] = DEFAULT_SEED_TAGS, paper_tables: bool = False,
+                  seed_tags: Optional[Sequence[str]] = None, paper_tables: bool = False,
                   unread: Sequence[tuple[Path, str]] = (), root: Optional[str | Path] = None,
                   rounds: Sequence[int] = ()) -> str:
     """The markdown report: the runs, the seeds table, the methods paired by seed, what was left out, then the
@@ -458,7 +496,7 @@ def render_report(runs: Sequence[RunResult], paper: Optional[dict[str, Any]] = N
         runs: ``collect_runs(root)``.
         paper: the paper's tables (``load_paper_results()`` when None).
         title: after "fedrcl report: " in the heading.
-        seed_tags: the scalars of the Seeds section.
+        seed_tags: the scalars of the Seeds section (``default_seed_tags(runs)`` when None).
         paper_tables: print the paper's tables in full.
         unread: ``unread_versions(root)``, listed under "Left out".
         root: paths are shown relative to it.
@@ -497,15 +535,31 @@ def main(argv: Optional[list[str]] = None) -> None:
                                           "seed, and the paper's cells they fill.")
     parser.add_argument("runs_dir", metavar="RUNS_DIR", help="folder holding the runs (a logger's save_dir)")
     parser.add_argument("--out", help="write the markdown here instead of printing it")
-    parser.add_argument("--tags", nargs="+", default=list(DEFAULT_SEED_TAGS),
-                        help="scalars summarised over seeds in the Seeds section (default: %(default)s)")
+    parser.add_argument("--tags", nargs="+", default=None,
+                        help="scalars summarised over seeds in the Seeds section (default: val/acc_ema val/acc, "
+                             "or test/acc_ema test/acc where a run has a validation split: the test accuracy)")
     parser.add_argument("--rounds", type=int, nargs="+", default=[], metavar="R",
                         help="also summarise the seed groups at these rounds, and compare the methods paired by "
                              "seed at them (default: the last round all paired runs logged)")
     parser.add_argument("--paper", action="store_true",
                         help="print every table of the paper with our rows beneath its rows, not only the "
                              "cells our runs fill")
+    parser.add_argument("--format", choices=tuple(RENDERERS), default=None,
+                        help="print the paper table alone in this format: methods x settings, or with --select the "
+                             "selected table (default: the markdown report; with --select, markdown)")
+    parser.add_argument("--select", choices=("val",), default=None,
+                        help="val: per method, the setting with the best mean validation accuracy over its "
+                             "seeds (runs with data.val_fraction > 0 only), and its test accuracy")
+    parser.add_argument("--select_tag", choices=("acc_ema", "acc"), default="acc_ema",
+                        help="the validation accuracy selected on: val/acc_ema (default) or val/acc")
+    parser.add_argument("--select_round", type=int, default=None, metavar="R",
+                        help="the round selected at (default: the last round all of a method's runs logged)")
+    parser.add_argument("--reference", default=None,
+                        help="the method the selected ones are compared with, paired by seed (default: FedAvg, "
+                             "else the first method)")
     args = parser.parse_args(argv)
+    if args.select is None and (args.select_round is not None or args.reference is not None):
+        parser.error("--select_round and --reference go with --select val")
     out = Path(args.out) if args.out else None
     problem = out_file_problem(out) if out is not None else None
     if problem is not None:  # before anything is read or printed
@@ -523,8 +577,20 @@ def main(argv: Optional[list[str]] = None) -> None:
                       "folders, each with the config.yaml of `fedrcl fit` and TensorBoard event files or a "
                       "CSVLogger metrics.csv; fedrcl report reads no other logger's files: W&B's and MLflow's runs "
                       "are read in their own tools)")
-    text = render_report(runs, title=args.runs_dir, seed_tags=args.tags, paper_tables=args.paper,
-                         unread=unread, root=Path(args.runs_dir), rounds=args.rounds)
+    aside = ""
+    try:
+        if args.select == "val":
+            text, aside = render_selection(runs, load_paper_results(), args.format or "markdown", args.select_tag,
+                                           args.select_round, args.reference, args.runs_dir)
+        elif args.format is not None:
+            text = RENDERERS[args.format](settings_table(runs, load_paper_results(), args.rounds))
+        else:
+            text = render_report(runs, title=args.runs_dir, seed_tags=args.tags, paper_tables=args.paper,
+                                 unread=unread, root=Path(args.runs_dir), rounds=args.rounds)
+    except ValueError as error:
+        command_error("fedrcl report", str(error))
+    if aside:
+        print(aside, file=sys.stderr)
     if out is None:
         print(text, end="")
         return

@@ -32,12 +32,14 @@ import yaml
 
 from fedrcl.analysis.runs import Curve, LogProblem, has_logs, read_scalars, version_number
 from fedrcl.analysis.settings import SEED_KEYS, lookup, run_setting
+from fedrcl.analysis.tags import tag_of_test
 
 __all__ = ["EMA_TAG", "FIT", "FLOWER", "RunResult", "backend_of", "collect_runs", "find_runs", "named_runs",
            "seed_runs", "unread_versions"]
 
 EMA_TAG = "val/acc_ema"
-"""The accuracy EMA the paper's tables report."""
+"""The accuracy EMA the paper's tables report, as a run without a validation split logs its test accuracy (a run
+with one logs it as ``test/acc_ema``: ``fedrcl.analysis.tags.tag_of_test``)."""
 FIT = "fedrcl fit"
 """The backend of a run of ``fedrcl fit`` (sequential, batched clients or several processes)."""
 FLOWER = "Flower"
@@ -46,8 +48,9 @@ FLOWER = "Flower"
 
 @dataclass
 class RunResult:
-    """One run: its folder, the version folders merged into it, its setting and its EMA curve in percent;
-    its saved config, every curve, its backend and the log files not read whole."""
+    """One run: its folder, the version folders merged into it, its setting and its test accuracy EMA curve in
+    percent (``fedrcl.analysis.tags.tag_of_test``); its saved config, every curve as logged, its backend and the log
+    files not read whole."""
 
     path: Path
     versions: tuple[str, ...]
@@ -66,7 +69,7 @@ class RunResult:
 
     @property
     def last_round(self) -> int:
-        """The last round with a ``val/acc_ema`` point (0 before any)."""
+        """The last round with a test accuracy EMA point (0 before any)."""
         return int(self.rounds[-1]) if len(self.rounds) else 0
 
     @property
@@ -190,7 +193,7 @@ class _Run:
     def result(self, folder: Path) -> RunResult:
         curves = {tag: (np.array(sorted(p), dtype=np.int64), np.array([p[r] for r in sorted(p)]))
                   for tag, p in self.points.items()}
-        rounds, ema = curves.get(EMA_TAG, (np.zeros(0, np.int64), np.zeros(0)))
+        rounds, ema = curves.get(tag_of_test(curves), (np.zeros(0, np.int64), np.zeros(0)))
         return RunResult(folder, tuple(v.name for v in self.versions), run_setting(self.config), rounds,
                          100.0 * ema, self.config, curves, ", ".join(self.backends or [FIT]),
                          tuple(self.problems))

@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from fedrcl.analysis.catalogue import EMA_TAG, RunResult
+from fedrcl.analysis.catalogue import RunResult
 from fedrcl.analysis.compare import Crossing, crossing
 from fedrcl.analysis.runs import Curve
 from fedrcl.analysis.seed_stats import align
 from fedrcl.analysis.settings import experiment_key, method_key
+from fedrcl.analysis.tags import tag_of_test
 
 __all__ = ["comparison_rounds", "comparisons", "differences", "group_seeds", "pair_by_seed", "paired_crossings",
            "seed_groups", "seed_order"]
@@ -86,11 +87,12 @@ def pair_by_seed(reference: Sequence[RunResult],
 
 
 def comparison_rounds(pairs: dict[tuple, tuple[RunResult, RunResult]], rounds: Sequence[int] = ()) -> list[int]:
-    """``rounds`` when given, else the last round all paired runs logged ``val/acc_ema`` at (none when they
-    share no round)."""
+    """``rounds`` when given, else the last round all paired runs logged their test accuracy EMA at
+    (``tag_of_test``; none when they share no round)."""
     if rounds:
         return list(rounds)
-    curves = [run.curves[EMA_TAG] for pair in pairs.values() for run in pair if EMA_TAG in run.curves]
+    curves = [run.curves[tag] for pair in pairs.values() for run in pair
+              if (tag := tag_of_test(run.curves)) in run.curves]
     if not pairs or len(curves) < 2 * len(pairs):
         return []
     common, _ = align(curves)
@@ -104,12 +106,13 @@ def _through(curve: Curve, last: int) -> Curve:
 
 
 def paired_crossings(pairs: dict[tuple, tuple[RunResult, RunResult]], through: int) -> dict[tuple, Crossing]:
-    """Per seed pair, where the challenger's ``val/acc_ema`` passes the reference's (``crossing``) on their
-    common rounds up to ``through``: a run that went further is cut there, so every seed is read over the same
-    rounds. Pairs without such a common round are left out."""
+    """Per seed pair, where the challenger's test accuracy EMA (``tag_of_test``) passes the reference's
+    (``crossing``) on their common rounds up to ``through``: a run that went further is cut there, so every seed
+    is read over the same rounds. Pairs without such a common round are left out."""
     out = {}
     for seeds, (reference, challenger) in pairs.items():
-        ref_curve, ch_curve = reference.curves.get(EMA_TAG), challenger.curves.get(EMA_TAG)
+        ref_curve = reference.curves.get(tag_of_test(reference.curves))
+        ch_curve = challenger.curves.get(tag_of_test(challenger.curves))
         if ref_curve is None or ch_curve is None:
             continue
         ref_curve, ch_curve = _through(ref_curve, through), _through(ch_curve, through)

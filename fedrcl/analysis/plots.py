@@ -130,8 +130,11 @@ def plot_levels(runs: Mapping[str, Mapping[str, Curve]], metric: str, local: boo
     return fig
 
 
-TAG_LABELS = {"val/acc": "test accuracy (%)", "val/acc_ema": "EMA(0.9) test accuracy (%)"}
-"""The y label of a panel per tag (others are labelled by their tag)."""
+TAG_LABELS = {"test/acc": "test accuracy (%)", "test/acc_ema": "EMA(0.9) test accuracy (%)",
+              "val/acc": "val/acc (%)", "val/acc_ema": "val/acc_ema (%)"}
+"""The y label of a panel per tag (others are labelled by their tag): ``test/acc*`` is every run's test accuracy
+(``fedrcl.analysis.tags.with_test_tags``); ``val/acc*`` as logged, the test accuracy of a run without a validation
+split, the validation accuracy of a run with one."""
 
 
 def plot_seed_groups(groups: Mapping[str, Sequence[Mapping[str, Curve]]],
