@@ -15,6 +15,11 @@
 - ``compare``: ``crossing``: the rounds where one method's curve passes another's (the paper's headline).
 - ``seed_stats``: ``summarize_seeds``, ``t_quantile``, ``seed_curves``, ``align``, ``mean_band``: mean, std
   and 95% interval over seeds; ``value_at``, ``paired_differences``: two methods' runs compared seed by seed.
+- ``tags``: ``tag_of_test``, ``validation_curve``, ``with_test_tags``: which logged curve is a run's test accuracy
+  (``test/acc*`` of a run with a validation split, else ``val/acc*``) and which its validation accuracy.
+- ``selection``: ``select_on_validation``, ``choose_setting``: each method's setting chosen on validation curves.
+- ``tables``, ``paper_table``: ``settings_table``, ``selected_table``, ``render_latex`` / ``render_markdown`` /
+  ``render_csv``: paper tables over seeds (95% interval, best in bold, the paper's number beside).
 - ``layout``: ``ScalarLayout``, the TensorBoard Custom Scalars layout every run writes (accuracy first).
 - ``clients``: ``partition_counts``; ``python -m fedrcl.analysis.partitions`` writes a partition PNG.
 - ``plots``: ``plot_partition``, ``plot_runs``, ``plot_levels``, ``plot_seed_groups`` (matplotlib, imported on
@@ -40,6 +45,10 @@ _MODULES = {
     "seed_stats": ("SeedSummary", "align", "mean_band", "paired_differences", "seed_curves", "summarize_seeds",
                    "t_quantile", "value_at"),
     "settings": ("experiment_key", "method_key", "run_setting"),
+    "tags": ("tag_of_test", "validation_curve", "with_test_tags"),
+    "selection": ("choose_setting", "select_on_validation"),
+    "tables": ("Cell", "Table", "render_csv", "render_latex", "render_markdown"),
+    "paper_table": ("protocol", "selected_table", "settings_table"),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 

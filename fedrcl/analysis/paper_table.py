@@ -35,7 +35,7 @@ __all__ = ["columns_of", "paper_cells", "paper_number", "protocol", "selected_ta
 
 METHOD_FACTS = ("method", "server", "beta", "levels")
 """``run_setting`` facts of the method; the others are the benchmark's (a column of a settings table)."""
-SOURCE = 'the paper: Seo et al., "Relaxed Contrastive Learning for Federated Learning", CVPR 2024'
+SOURCE = "Seo et al. (Relaxed Contrastive Learning for Federated Learning, CVPR 2024)"
 
 
 def setting_matches(setting: dict[str, Any], required: dict[str, Any]) -> bool:
@@ -138,7 +138,7 @@ def settings_table(runs: Sequence[RunResult], paper: dict[str, Any], rounds: Seq
     columns: list[tuple[int, int, str]] = []
     for f, family in enumerate(family_list):
         at = list(rounds) or [_last_common_round([run for group in family for run in group]) or 0]
-        columns += [(f, r, f"{labels[f]} @{r}") for r in at]
+        columns += [(f, r, f"{labels[f]}, round {r}") for r in at]
     by_method: dict[str, list[list[RunResult]]] = {}
     for group in groups:
         by_method.setdefault(method_label(group[0].setting), []).append(group)
@@ -159,7 +159,7 @@ def settings_table(runs: Sequence[RunResult], paper: dict[str, Any], rounds: Seq
             rows.append((name, tuple(cells)))
     caption = ("Test accuracy EMA (%) at the round of each column: mean ± half-width of the 95% Student-t "
                "interval of the mean over seeds (one seed: its value alone); bold: best of its column; "
-               f"paper: the number of {SOURCE}, for the same setting, at the round shown.")
+               f"paper: the number reported by {SOURCE} for the same setting, at the round shown.")
     return Table(caption, "Method", tuple(c[2] for c in columns), tuple(rows))
 
 
@@ -184,7 +184,7 @@ def selected_table(selections: Sequence[MethodSelection], paper: dict[str, Any],
         values = s.chosen_values()
         name = s.method + (f" ({_short(values)})" if values else "")
         if len({other.choice.round_idx for other in selections}) > 1:
-            name += f" @{at}"
+            name += f", round {at}"
         ema = _cell([_value(run, "acc_ema", at) for run in s.chosen],
                     paper_number(paper, s.chosen[0].setting, at))
         raw = _cell([_value(run, "acc", at) for run in s.chosen])
@@ -200,9 +200,9 @@ def selected_table(selections: Sequence[MethodSelection], paper: dict[str, Any],
                "validation split, never on the test set); its test accuracy (%) at the selection round: mean ± "
                "half-width of the 95% Student-t interval over seeds (one seed: its value alone); "
                f"Δ: its test EMA minus {ref.method}'s, paired by seed; bold: best of its column; paper: the "
-               f"number of {SOURCE}, for the same setting, at the round shown.")
+               f"number reported by {SOURCE} for the same setting, at the round shown.")
     columns = ("test acc EMA", "test acc", f"Δ EMA vs {ref.method} (paired)")
-    return Table(caption, "Method", columns, tuple(rows), label="tab:fedrcl_selected")
+    return Table(caption, "Method", columns, tuple(rows), label="tab:fedrcl-selected")
 
 
 def _values_text(values: Sequence[Any]) -> str:

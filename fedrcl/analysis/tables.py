@@ -5,7 +5,7 @@ Student-t interval of the mean (``fedrcl.analysis.seed_stats.summarize_seeds``; 
 optionally the paper's own number for the same setting beside it. The best mean of each column is in bold
 (``**`` in markdown, ``\\textbf{}`` in LaTeX; every row that ties it at the digits shown). LaTeX is a
 ``table`` float with ``booktabs`` rules (``\\usepackage{booktabs}``), text escaped (``latex_escape``); CSV has
-one line per cell with the numbers unrounded, for a plotting script.
+one line per cell with the numbers to 6 significant digits, for a plotting script.
 """
 from __future__ import annotations
 
@@ -37,10 +37,11 @@ class Cell:
         return f"{s.mean:.{digits}f} ± {s.ci95:.{digits}f}"
 
     def paper_text(self, digits: int = 2) -> str:
-        """``paper 57.12 @1000`` (the paper's number and its round), ``""`` when the paper has none."""
+        """``paper 57.12, round 1000`` (the paper's number and its round), ``""`` when the paper has none."""
         if self.paper is None:
             return ""
-        return f"paper {self.paper:.{digits}f}" + (f" @{self.paper_round}" if self.paper_round is not None else "")
+        at = f", round {self.paper_round}" if self.paper_round is not None else ""
+        return f"paper {self.paper:.{digits}f}{at}"
 
 
 @dataclass(frozen=True)
