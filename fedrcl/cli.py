@@ -8,6 +8,7 @@
     fedrcl report runs          # our runs beside the paper's tables (fedrcl.report)
     fedrcl plot runs            # accuracy and EMA curves per method (fedrcl.plot)
     fedrcl seeds --seeds 0 1 2 --config configs/quickstart.yaml     # one fit per seed (fedrcl.seeds)
+    fedrcl sweep --grid model.init_args.lr=0.03,0.1 --seeds 0 1 --config configs/quickstart.yaml  # (fedrcl.sweep)
     fedrcl methods              # the client methods and server optimizers: paper, options (fedrcl.methods)
 
 This module reads the subcommand before it imports Lightning: ``fedrcl --help``, a wrong subcommand and

@@ -8,6 +8,8 @@ OTHER_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("fedrcl.plot", "Accuracy and EMA curves of your runs per method, mean and 95% band over seeds."),
     "seeds": ("fedrcl.seeds", "One fit per seed of a config (--together: all in one program, their clients in "
                               "one step); fedrcl report groups them (mean, std, 95% CI)."),
+    "sweep": ("fedrcl.sweep", "A grid or random search over config keys, one run folder per (setting, seed) "
+                              "(--together: the lrs and sweepable loss weights in one program)."),
     "check": ("fedrcl.check", "Run a method on every backend (sequential, batched, seeds together, two "
                               "processes, Flower) and compare the weights: does it give the same numbers "
                               "everywhere?"),

@@ -38,6 +38,7 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
@@ -80,27 +81,29 @@ def run_name(config: dict[str, Any]) -> tuple[str, str, Optional[str]]:
 
 
 def fit_args_for_seed(fit_args: list[str], config: dict[str, Any], seed: int,
-                      vary_split: bool = False) -> list[str]:
-    """The ``fedrcl fit`` arguments of seed ``seed``: ``fit_args`` then the seeds and the run name."""
+                      vary_split: bool = False, folder: Optional[str] = None) -> list[str]:
+    """The ``fedrcl fit`` arguments of seed ``seed``: ``fit_args`` then the seeds and the run name,
+    ``<name>/seed<k>``, or ``<name>/<folder>/seed<k>`` (a sweep's setting)."""
     save_dir, name, class_path = run_name(config)
     args = [*fit_args, "--seed_everything", str(seed), "--trainer.seed", str(seed)]
     if vary_split:
         args += ["--data.seed", str(seed)]
+    run = f"{name}/seed{seed}" if folder is None else f"{name}/{folder}/seed{seed}"
     if class_path is None:
-        logger = {"class_path": DEFAULT_LOGGER,
-                  "init_args": {"save_dir": save_dir, "name": f"{name}/seed{seed}"}}
+        logger = {"class_path": DEFAULT_LOGGER, "init_args": {"save_dir": save_dir, "name": run}}
         return [*args, f"--trainer.logger={json.dumps(logger)}"]
-    return [*args, "--trainer.logger.init_args.name", f"{name}/seed{seed}"]
+    return [*args, "--trainer.logger.init_args.name", run]
 
 
 @dataclass
 class Outcome:
-    """How the seeds ended: ``failed`` (an error), ``stopped`` (by ``signum``, checkpointed: resumable with
-    ``--ckpt_path last``) and ``not_started`` (a stop signal came first); the others finished."""
+    """How the runs (by key: a seed; a sweep's (setting, seed)) ended: ``failed`` (an error), ``stopped`` (by
+    ``signum``, checkpointed: resumable with ``--ckpt_path last``) and ``not_started`` (a stop signal came
+    first); the others finished."""
 
-    failed: list[int] = field(default_factory=list)
-    stopped: list[int] = field(default_factory=list)
-    not_started: list[int] = field(default_factory=list)
+    failed: list[Any] = field(default_factory=list)
+    stopped: list[Any] = field(default_factory=list)
+    not_started: list[Any] = field(default_factory=list)
     signum: Optional[int] = None
     where: str = ""  # the round and checkpoint a seed in this process stopped at
 
@@ -163,20 +166,23 @@ def progress_line(logs: dict[int, Path], waiting: list[int], parallel: int, elap
     return line
 
 
-def _run_in_process(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
-    """Each seed's fit in turn, in this process; a failed seed is reported and cleaned up as ``fedrcl fit``
-    would (a fedrcl error in one line, anything else with its traceback) and the others still run. A stop
-    signal ends the seed in progress after its round (checkpointed) and starts no other."""
+def _run_in_process(runs: Mapping[Any, list[str]], stop: StopSignal, labels: Optional[Mapping[Any, str]] = None,
+                    prog: str = "fedrcl seeds") -> Outcome:
+    """Each run's fit in turn, in this process (``runs``: by key, a seed here; ``labels``: what its lines name
+    it, ``seed <key>`` by default); a failed run is reported and cleaned up as ``fedrcl fit`` would (a fedrcl
+    error in one line, anything else with its traceback) and the others still run. A stop signal ends the run
+    in progress after its round (checkpointed) and starts no other."""
     from fedrcl.cli import report_user_error
     from fedrcl.federated.preemption import Preempted, stop_signal
     from fedrcl.lightning_cli import FedRCLCLI, build_cli, remove_failed_start
 
     outcome, seeds = Outcome(), list(runs)
+    labels = labels or {seed: f"seed {seed}" for seed in seeds}
     for i, seed in enumerate(seeds):
         if stop.signum is not None:
             outcome.not_started, outcome.signum = seeds[i:], stop.signum
             break
-        print(f"fedrcl seeds: seed {seed}: fedrcl fit {' '.join(runs[seed])}", flush=True)
+        print(f"{prog}: {labels[seed]}: fedrcl fit {' '.join(runs[seed])}", flush=True)
         cli = FedRCLCLI.__new__(FedRCLCLI)
         try:
             build_cli(["fit", *runs[seed]], cli)
@@ -185,7 +191,7 @@ def _run_in_process(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
             outcome.stopped, outcome.not_started = [seed], seeds[i + 1:]
             assert isinstance(preempted.code, int)  # 128 + the signal
             outcome.signum = preempted.code - 128
-            outcome.where = f" (seed {seed} after round {preempted.round}/{preempted.rounds}, checkpoint " \
+            outcome.where = f" ({labels[seed]} after round {preempted.round}/{preempted.rounds}, checkpoint " \
                             f"{preempted.checkpoint})"
             break
         except SystemExit as exit_:
@@ -193,7 +199,7 @@ def _run_in_process(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
                 outcome.failed.append(seed)
         except Exception as error:  # noqa: BLE001 (a bad seed must not stop the others)
             remove_failed_start(cli)
-            if not report_user_error(error, prog=f"fedrcl seeds: seed {seed}", argv=runs[seed]):
+            if not report_user_error(error, prog=f"{prog}: {labels[seed]}", argv=runs[seed]):
                 traceback.print_exc()
             outcome.failed.append(seed)
     return outcome
@@ -243,29 +249,32 @@ def _run_processes(runs: dict[int, list[str]], parallel: int, log_dir: Path, sto
     return outcome  # in the order the seeds were given, not the order they ended
 
 
-def _run_together(runs: dict[int, list[str]], stop: StopSignal) -> Outcome:
-    """The seeds trained together in this process (``fedrcl.federated.together``); when they cannot be, said in
-    one line, one after another (``_run_in_process``). An error stops every seed (a fedrcl error in one line)."""
+def _run_together(runs: Mapping[Any, list[str]], stop: StopSignal, labels: Optional[Mapping[Any, str]] = None,
+                  prog: str = "fedrcl seeds") -> Outcome:
+    """The runs (by key, with ``labels`` as in ``_run_in_process``) trained together in this process
+    (``fedrcl.federated.together``); when they cannot be, said in one line, one after another
+    (``_run_in_process``). An error stops every run (a fedrcl error in one line)."""
     from fedrcl.cli import report_user_error, split_ckpt_path
     from fedrcl.federated.together import NotTogether, StoppedTogether, train_together
 
+    what = "seed" if labels is None else "run"
     try:
-        cohort = train_together(runs, stop)
+        cohort = train_together(runs, stop, labels, prog)
     except NotTogether as reason:
         if reason.continued is None:
-            print(f"fedrcl seeds: --together: {reason}; the seeds train one after another instead", flush=True)
-            return _run_in_process(runs, stop)
-        print(f"fedrcl seeds: --together: {reason}; each seed goes on alone from its checkpoint", flush=True)
-        return _run_in_process({seed: [*split_ckpt_path(runs[seed])[0], "--ckpt_path", "last"]
-                                for seed in reason.continued}, stop)
+            print(f"{prog}: --together: {reason}; the {what}s train one after another instead", flush=True)
+            return _run_in_process(runs, stop, labels, prog)
+        print(f"{prog}: --together: {reason}; each {what} goes on alone from its checkpoint", flush=True)
+        return _run_in_process({key: [*split_ckpt_path(runs[key])[0], "--ckpt_path", "last"]
+                                for key in reason.continued}, stop, labels, prog)
     except StoppedTogether as stopped:
-        left = [r.seed for r in stopped.cohort.seeds if r.next_round < r.trainer.max_epochs]
+        left = [r.key for r in stopped.cohort.seeds if r.next_round < r.trainer.max_epochs]
         return Outcome(stopped=left, signum=stopped.signum, where=stopped.cohort.stopped_where())
     except Exception as error:  # noqa: BLE001 (said as fedrcl fit says it)
-        if not report_user_error(error, prog="fedrcl seeds --together", argv=next(iter(runs.values()))):
+        if not report_user_error(error, prog=f"{prog} --together", argv=next(iter(runs.values()))):
             traceback.print_exc()
         return Outcome(failed=list(runs))
-    return Outcome(failed=[run.seed for run in cohort.seeds if run.failed])
+    return Outcome(failed=[run.key for run in cohort.seeds if run.failed])
 
 
 def resume_command(seeds_args: list[str], fit_args: list[str], outcome: Outcome) -> str:

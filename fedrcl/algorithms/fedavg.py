@@ -120,6 +120,9 @@ class FedAvg(ClientExchange, L.LightningModule):
     # string if the method cannot train batched (its clients then train one after another).
     client_tensors: tuple[str, ...] = ()
     unbatchable_reason: Optional[str] = None
+    # Loss weights (constructor arguments kept as attributes of the same name, read only in arithmetic) that a
+    # sweep may vary across runs trained together: the stacked step sets each run's value per slice.
+    SWEEPABLE: tuple[str, ...] = ()
 
     # -- the client's objective (override in subclasses) --------------------------------------------------
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:

@@ -3,7 +3,8 @@
     loss = CE(f(x), y) + mu/2 * sum_i ||w_i - w_global,i||^2
 
 over the backbone's parameters (not buffers), with ``w_global`` the weights the server broadcast this
-round (``fedrcl.losses.proximal.squared_distance``). Default mu = 0.001 (FedRCL paper, supplement).
+round (``fedrcl.losses.proximal.squared_distance``). Default mu = 0.001 (FedRCL paper, supplement). ``mu`` is
+sweepable (``SWEEPABLE``): ``fedrcl sweep`` trains several values together.
 """
 from __future__ import annotations
 
@@ -22,25 +23,27 @@ class FedProx(FedAvg):
     """Cross-entropy plus a proximal term towards the round's global weights.
 
     Args:
-        mu: weight of the proximal term (mu/2 * squared distance); must be >= 0.
+        mu: weight of the proximal term (mu/2 * squared distance); must be >= 0. Sweepable.
     """
+
+    SWEEPABLE = ("mu",)
 
     def __init__(self, mu: float = 0.001, **kwargs: Any):
         super().__init__(**kwargs)
         if mu < 0:
             raise ValueError(f"model.mu must be >= 0, got {mu}")
         self.mu = mu
-        self._anchors: list[Tensor] = []
+        self._names: list[str] = []
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
-        # The broadcast tensors, in parameter order, looked up once per client rather than per step.
-        self._anchors = [client.global_state[name] for name, _ in self.backbone.named_parameters()]
-
-    def on_client_end(self, client: ClientContext) -> None:
-        self._anchors = []  # do not keep the round's broadcast alive after it
+        self._names = [name for name, _ in self.backbone.named_parameters()]  # once per client, not per step
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        assert self.client is not None, "on_client_start sets the client"
         ce = F.cross_entropy(out.logits, y)
-        prox = squared_distance(self.backbone.parameters(), self._anchors)
+        # The anchor read from the client's context at each step, not kept from its start: runs trained together
+        # (seeds, a sweep's settings) see their own broadcast there (``client.global_state`` per slice).
+        anchors = [self.client.global_state[name] for name in self._names]
+        prox = squared_distance(self.backbone.parameters(), anchors)
         return ce + self.mu / 2 * prox, {"ce": ce, "prox": prox}

@@ -26,13 +26,16 @@ class FedRCL(FedAvg):
     Args:
         temperature: tau of the contrastive terms.
         threshold: lambda: same-class pairs at least this similar are pushed apart.
-        beta: weight of the divergence penalty (0 gives FedSCL).
+        beta: weight of the divergence penalty (0 gives FedSCL). Sweepable (``fedrcl sweep`` trains several values
+            together).
         pos_topk: positives per anchor (least similar first; the anchor itself is a candidate); null with
             neg_topk null gives the paper's all-pairs equation.
         neg_topk: negatives per anchor (most similar first).
         levels: which feature levels to use (indices into the backbone's levels, negative from the end,
             e.g. [-1] for the last level only); null uses all.
     """
+
+    SWEEPABLE = ("beta",)
 
     def __init__(
         self,

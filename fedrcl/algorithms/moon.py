@@ -37,13 +37,15 @@ class MOON(GlobalTeacherClient, PersistentClientState):
     """Cross-entropy plus the model-contrastive loss (global model: positive, previous local model: negative).
 
     Args:
-        mu: weight of the model-contrastive term; must be >= 0.
+        mu: weight of the model-contrastive term; must be >= 0. Sweepable (declared; MOON's clients cannot train
+            batched, so a sweep trains its settings one after another).
         temperature: temperature of the model-contrastive term; must be > 0.
         state_dir: folder of the per-client state files; null: ``client_state`` in the run's log dir.
         max_states_in_memory: client states kept in the CPU cache (the rest is read from disk).
     """
 
     unbatchable_reason = "MOON keeps a previous local model per client"
+    SWEEPABLE = ("mu",)
 
     def __init__(self, mu: float = 1.0, temperature: float = 0.5, state_dir: Optional[str] = None,
                  max_states_in_memory: int = 8, **kwargs: Any):

@@ -5,7 +5,8 @@ weights of ``S`` seeds x ``C`` clients lie on one leading axis ``[S * C, ...]``.
 algorithm's own one-client ``local_loss`` (written once, for one client) over that axis with two nested
 ``vmap``: the outer over seeds (what one seed's clients share: the weights the server sent them, which the
 server's client term reads, ``client.global_state``), the inner over a seed's clients (each client's weights,
-its ``client_tensors`` and its facts, as in ``fedrcl.federated.batched``). The gradient of the summed losses
+its ``client_tensors`` and its facts, as in ``fedrcl.federated.batched``, and its federation's values of the
+method's ``SWEEPABLE`` loss weights, so that a sweep's settings of ``mu`` train on one axis). The gradient of the summed losses
 gives each client its own (``torch.func.grad`` when compiled); each client's gradient is clipped to its own
 norm; the update is ``torch.optim.SGD``'s (weight decay, momentum without dampening, each client at its own
 lr), written out so that the whole step is one function of tensors: ``torch.compile(fullgraph=True)`` makes it
@@ -56,8 +57,11 @@ def clipped(grads: Tensors, max_norm: float) -> Tensors:
 
 @dataclasses.dataclass(frozen=True)
 class StepInputs:
-    """One step's tensors: ``x``, ``y`` ``[S * C, B, ...]``; ``lr`` ``[S * C]``; ``client_tensors`` and
-    ``facts`` ``[S * C, ...]``; ``global_state`` ``[S, ...]`` (each seed's broadcast weights)."""
+    """One step's tensors: ``x``, ``y`` ``[S * C, B, ...]``; ``lr`` ``[S * C]`` (each client's federation's
+    schedule); ``client_tensors`` and ``facts`` ``[S * C, ...]``; ``global_state`` ``[S, ...]`` (each
+    federation's broadcast weights); ``weights`` ``[S * C]`` by name: each client's federation's value of each
+    of the method's ``SWEEPABLE`` loss weights, set on the algorithm for its slice's loss (as its
+    ``client_tensors`` are)."""
 
     x: Tensor
     y: Tensor
@@ -65,6 +69,7 @@ class StepInputs:
     client_tensors: Tensors
     facts: Tensors
     global_state: Tensors
+    weights: Tensors = dataclasses.field(default_factory=dict)
 
 
 class ClientStep:
@@ -100,23 +105,26 @@ class ClientStep:
         (directions ``[S, C, ...]`` in the weights' dtype, by the backbone's names; losses; parts)."""
         module, low, s, c = self._module, self.low, self.seeds, self.clients
 
-        def one_client(p: Tensors, tensors: Tensors, facts: Tensors, xb: Tensor, yb: Tensor, sent: Tensors) -> Any:
+        def one_client(p: Tensors, tensors: Tensors, weights: Tensors, facts: Tensors, xb: Tensor, yb: Tensor,
+                       sent: Tensors) -> Any:
             dtypes = {name.removeprefix("algorithm.backbone."): w.dtype for name, w in p.items()}
             if low is not None:
                 p, xb = {name: w.to(low) for name, w in p.items()}, xb.to(low)
+                weights = {name: w.to(low) for name, w in weights.items()}
+            tensors = {**tensors, **weights}  # both set on the algorithm for the call (``LocalLoss``)
             if not direction:
                 return functional_call(module, p, (tensors, facts, xb, yb, sent))
             d, loss, parts = functional_call(module, p, (tensors, facts, xb, yb, sent), {"direction": True})
             return {name: g.to(dtypes[name]) for name, g in d.items()}, loss, parts
 
         def per_seed(*args: Any) -> Any:
-            return vmap(one_client, in_dims=(0, 0, 0, 0, 0, None))(*args)
+            return vmap(one_client, in_dims=(0, 0, 0, 0, 0, 0, None))(*args)
 
         split = lambda t: t.unflatten(0, (s, c))  # noqa: E731  [S * C, ...] -> [S, C, ...]
         prefixed = {f"algorithm.backbone.{name}": split(p) for name, p in params.items()}
         return vmap(per_seed, randomness="error")(
             prefixed, {k: split(t) for k, t in inputs.client_tensors.items()},
-            {k: split(t) for k, t in inputs.facts.items()}, split(inputs.x), split(inputs.y), inputs.global_state)
+            {k: split(t) for k, t in inputs.weights.items()}, {k: split(t) for k, t in inputs.facts.items()}, split(inputs.x), split(inputs.y), inputs.global_state)
 
     def _losses(self, params: Tensors, inputs: StepInputs) -> tuple[Tensor, tuple[Tensor, Tensors]]:
         losses, parts = self._mapped(params, inputs)

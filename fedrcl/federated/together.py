@@ -31,7 +31,7 @@ import copy
 import itertools
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any, Optional
 
 import torch
@@ -64,23 +64,25 @@ OWN_STEP = ("configure_optimizers", "configure_gradient_clipping", "training_ste
 
 
 class NotTogether(Exception):
-    """The seeds cannot train together (the reason). ``continued``: ``None`` when nothing was written (raised
-    before the first round); else the seeds that have rounds left, each checkpointed after its last round
-    done, to go on alone with ``--ckpt_path last``."""
+    """The runs cannot train together (the reason). ``continued``: ``None`` when nothing was written (raised
+    before the first round); else the keys of the runs that have rounds left, each checkpointed after its last
+    round done, to go on alone with ``--ckpt_path last``."""
 
-    def __init__(self, reason: str, continued: Optional[list[int]] = None):
+    def __init__(self, reason: str, continued: Optional[list[Hashable]] = None):
         super().__init__(reason)
         self.continued = continued
 
 
 class SeedRun(DrivenRun):
-    """One seed's federation (``DrivenRun``: where it stands, its round's end), built as its ``fedrcl fit``
-    (``cli``); its lines begin with ``seed k:``."""
+    """One federation of the cohort (``DrivenRun``: where it stands, its round's end), built as its ``fedrcl
+    fit`` (``cli``): ``key`` is its key in the cohort's runs, ``label`` what its lines begin with (``seed 1``;
+    ``lr=0.03 seed 1`` in a sweep), ``seed`` its ``trainer.seed``."""
 
-    def __init__(self, seed: int, cli: Any):
+    def __init__(self, key: Hashable, cli: Any, label: str):
         super().__init__(cli.trainer, cli.model, cli.datamodule,
-                         say=lambda line: print(f"seed {seed}: {line}", flush=True))
-        self.seed, self.cli = seed, cli
+                         say=lambda line: print(f"{label}: {line}", flush=True))
+        self.key, self.label, self.cli = key, label, cli
+        self.seed = cli.trainer.federation.seed
 
 
 def checkpointed_state(run: SeedRun) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -107,19 +109,23 @@ def static_reason(run: SeedRun) -> Optional[str]:
 
 
 class Cohort:
-    """The seeds' runs trained together (see the module docstring).
+    """The runs trained together (see the module docstring): a command's seeds, or a sweep's (setting, seed)
+    runs.
 
     Args:
-        runs: each seed's ``fedrcl fit`` arguments (``--ckpt_path`` among them resumes it: ``last`` resumes
-            each seed that has a checkpoint and starts the others).
+        runs: each run's ``fedrcl fit`` arguments by its key (``--ckpt_path`` among them resumes it: ``last``
+            resumes each run that has a checkpoint and starts the others).
         stop: what records a stop signal (``fedrcl.federated.preemption.StopSignal``): read after each round.
+        labels: what each run's lines begin with, by key; default ``seed <key>`` (``fedrcl seeds``' keys).
+        prog: the command, for its lines (``fedrcl seeds``, ``fedrcl sweep``).
     """
 
-    def __init__(self, runs: dict[int, list[str]], stop: Any):
-        self.stop = stop
-        self.seeds: list[SeedRun] = []
+    def __init__(self, runs: Mapping[Hashable, list[str]], stop: Any,
+                 labels: Optional[Mapping[Hashable, str]] = None, prog: str = "fedrcl seeds"):
+        self.stop, self.prog = stop, prog
+        self.seeds: list[SeedRun] = []  # every run of the cohort (each a federation with its own seed)
         try:
-            self._build(runs)
+            self._build(runs, labels or {key: f"seed {key}" for key in runs})
         except BaseException:
             self.abandon()
             raise
@@ -136,55 +142,54 @@ class Cohort:
         for run in self.seeds:
             remove_failed_start(run.cli)
 
-    def _build(self, runs: dict[int, list[str]]) -> None:
-        """Each seed's run built as its ``fedrcl fit`` would, checked and opened (resumed); nothing written but
-        the split file that setting up its data writes."""
+    def _build(self, runs: Mapping[Hashable, list[str]], labels: Mapping[Hashable, str]) -> None:
+        """Each run built as its ``fedrcl fit`` would, checked and opened (resumed); nothing written but the
+        split file that setting up its data writes."""
         from fedrcl.cli import split_ckpt_path
         from fedrcl.lightning_cli import build_cli
 
         paths: list[Optional[str]] = []
-        for seed, args in runs.items():
+        for key, args in runs.items():
             args, ckpt_path = split_ckpt_path(args)
-            run = SeedRun(seed, build_cli(args, run=False))
+            run = SeedRun(key, build_cli(args, run=False), labels[key])
             self.seeds.append(run)
             hold_run_folders(run.trainer)  # before setting up its data writes split.json there
             reason = static_reason(run)
             if reason is not None:
-                raise NotTogether(f"seed {seed}: {reason}")
+                raise NotTogether(f"{run.label}: {reason}")
             check_method(run.module, run.trainer.federation.server, training=True)
             paths.append(self._checkpoint(run, ckpt_path))
         shapes = {(r.trainer.federation.clients_per_round, r.trainer.federation.local_epochs,
                    r.cli.datamodule.local_iters_per_epoch, r.trainer.precision) for r in self.seeds}
         if len(shapes) > 1:
-            raise NotTogether("the seeds' rounds differ in shape (clients per round, local epochs, steps or "
+            raise NotTogether("the runs' rounds differ in shape (clients per round, local epochs, steps or "
                               "precision)")
         for run, path in zip(self.seeds, paths):
             run.next_round, run.steps = open_run(run.trainer, run.module, run.cli.datamodule, path)
             dm = run.cli.datamodule  # set up now: its clients are known
             if dm.local_iters_per_epoch is None and len({dm.client_num_samples(k) for k in range(dm.num_clients)}) > 1:
-                raise NotTogether(f"seed {run.seed}: data.local_iters_per_epoch is null and the clients differ in "
+                raise NotTogether(f"{run.label}: data.local_iters_per_epoch is null and the clients differ in "
                                   "size (they take different steps and end on batches of different sizes)")
         sizes = {r.cli.datamodule.batch_size for r in self.seeds}
         if len(sizes) > 1:
-            raise NotTogether(f"the seeds' batch sizes differ ({sorted(sizes)}: data.batch_size null with "
+            raise NotTogether(f"the runs' batch sizes differ ({sorted(sizes)}: data.batch_size null with "
                               "--vary_split); set data.batch_size")
 
-    @staticmethod
-    def _checkpoint(run: SeedRun, ckpt_path: Optional[str]) -> Optional[str]:
-        """The checkpoint seed ``run`` resumes from: ``last`` where its run folder has none starts it anew; where
-        it has checkpoints but none usable, the run stops naming this seed alone (the others can resume)."""
+    def _checkpoint(self, run: SeedRun, ckpt_path: Optional[str]) -> Optional[str]:
+        """The checkpoint ``run`` resumes from: ``last`` where its run folder has none starts it anew; where it
+        has checkpoints but none usable, the command stops naming this run alone (the others can resume)."""
         if ckpt_path is None:
             return None
         where, found = run_checkpoints(run.trainer)
         if ckpt_path == "last" and not found:
-            print(f"fedrcl seeds: seed {run.seed}: no checkpoint in {where}; it starts at round 1", flush=True)
+            print(f"{self.prog}: {run.label}: no checkpoint in {where}; it starts at round 1", flush=True)
             return None
         try:
             return resume_path(run.trainer, run.module, run.cli.datamodule, ckpt_path)
         except NothingToResume as error:
             raise NothingToResume(
-                f"seed {run.seed}: --ckpt_path last: nothing to resume under {error.where} ({error.found} checkpoint "
-                f"file(s), none usable: see the warnings above); to start seed {run.seed} anew and resume the "
+                f"{run.label}: --ckpt_path last: nothing to resume under {error.where} ({error.found} checkpoint "
+                f"file(s), none usable: see the warnings above); to start {run.label} anew and resume the "
                 f"others, move {error.where} away and run the same command again", error.where, error.found) from None
 
     # -- the run ----------------------------------------------------------------------------------------
@@ -196,7 +201,7 @@ class Cohort:
             if not active:
                 break
             started = time.perf_counter()
-            before = {run.seed: checkpointed_state(run) for run in active}
+            before = {run.key: checkpointed_state(run) for run in active}
             try:
                 rounds, stacked = self._begin(active)
             except BaseException:
@@ -225,7 +230,7 @@ class Cohort:
         self._close()
 
     def _part(self, active: list[SeedRun], rounds: list[ServerRound],
-              before: dict[int, tuple[dict[str, Any], dict[str, Any]]]) -> list[int]:
+              before: dict[Hashable, tuple[dict[str, Any], dict[str, Any]]]) -> list[Hashable]:
         """Before the round of ``rounds`` trained: every seed's global model put back (its clients had the
         broadcast weights) and what its checkpoint holds put back as it was before the round began (``before``:
         a server copy that changed state when the round began or was configured would otherwise be checkpointed
@@ -233,20 +238,20 @@ class Cohort:
         to go on alone."""
         for run, server_round in zip(active, rounds):
             load_state_(run.module.backbone, server_round.global_state)
-            extras, server_state = before[run.seed]
+            extras, server_state = before[run.key]
             run.module.on_load_checkpoint(extras)
             run.trainer.federation.server.load_state_dict(server_state)
         for run in self.seeds:
             run.checkpoint_now()
             for logger in run.trainer.loggers:
                 logger.finalize("success")
-        return [run.seed for run in self.seeds if not run.done]
+        return [run.key for run in self.seeds if not run.done]
 
     def _open(self) -> None:
         """Name what of the callbacks is not run, then open every seed's run (``DrivenRun.open``)."""
         ignored = not_run(self.seeds[0].trainer)
         if ignored:
-            rank_zero_info(f"fedrcl seeds --together does not run these trainer.callbacks: {', '.join(ignored)}")
+            rank_zero_info(f"{self.prog} --together does not run these trainer.callbacks: {', '.join(ignored)}")
         for run in self.seeds:
             run.open()
 
@@ -282,7 +287,7 @@ class Cohort:
             if stacked.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs are its inputs
             inputs = StepInputs(x, y, lr[step_idx // steps_per_epoch], stacked.client_tensors, stacked.facts,
-                                stacked.global_state)
+                                stacked.global_state, stacked.weights)
             before = None if self._checked_loss else dict(vars(first.module))
             params, momenta, losses, parts = step(params, momenta, inputs)
             if before is not None:  # the first step: a loss that stored something is refused, as batched
@@ -324,7 +329,7 @@ class Cohort:
                 load_state_(run.module.backbone, server_round.finish())
             except DivergenceError as error:
                 run.failed = f"{error}"
-                print(f"fedrcl seeds: seed {run.seed}: {error}", flush=True)
+                print(f"{self.prog}: {run.label}: {error}", flush=True)
                 continue
             folded.append(s)
         due = [s for s in folded if (active[s].next_round + 1) % active[s].trainer.check_val_every_n_epoch == 0]
@@ -358,8 +363,8 @@ class Cohort:
             run.close(stopping=self.stop.signum is not None)
 
     def stopped_where(self) -> str:
-        """`` (seed 0 after round 3/10, ...)`` for the stop line of ``fedrcl seeds``."""
-        return " (" + ", ".join(f"seed {r.seed} after round {r.next_round}/{r.trainer.max_epochs}"
+        """`` (seed 0 after round 3/10, ...)`` for the command's stop line."""
+        return " (" + ", ".join(f"{r.label} after round {r.next_round}/{r.trainer.max_epochs}"
                                 for r in self.seeds) + ")"
 
 
@@ -468,6 +473,12 @@ class StackedSeeds:
         self.global_state = {name: torch.stack([s[name] for s in sent]) for name in sent[0]}
         self.momenta = {name: torch.zeros_like(p) for name, p in self.params.items()} if first.momentum else {}
         self.client_tensors = {name: torch.stack(values) for name, values in tensors.items()}
+        # Each run's own value of every loss weight its method declares sweepable (a sweep's mu = 0.01 and 0.1 on
+        # one axis), in the weights' dtype: set per slice in the step, never the first run's.
+        dtype = next(iter(self.params.values())).dtype
+        self.weights = {name: torch.tensor([float(getattr(run.module, name)) for run in active
+                                            for _ in range(self.clients)], dtype=dtype, device=self.device)
+                        for name in type(first).SWEEPABLE}
         every = [client for clients in runs for client in clients]
         self.facts = {name: torch.tensor([getattr(c.client, name) for c in every], device=self.device)
                       for name in CLIENT_FACTS}
@@ -500,8 +511,9 @@ class StackedSeeds:
                 params, xn = {k: p.to(low) for k, p in params.items()}, x[n].to(low)
             else:
                 xn = x[n]
-            inputs = ({k: t[n] for k, t in self.client_tensors.items()}, {k: f[n] for k, f in self.facts.items()},
-                      xn, y[n], {k: g[s] for k, g in self.global_state.items()})
+            weights = {k: w[n] if low is None else w[n].to(low) for k, w in self.weights.items()}
+            inputs = ({**{k: t[n] for k, t in self.client_tensors.items()}, **weights},
+                      {k: f[n] for k, f in self.facts.items()}, xn, y[n], {k: g[s] for k, g in self.global_state.items()})
             with torch.no_grad():
                 mine = functional_call(LocalLoss(run.module), params, inputs)
                 stacked = functional_call(LocalLoss(own_loss), params, inputs)
@@ -509,8 +521,8 @@ class StackedSeeds:
             if differing is not None:
                 name, own, first = differing
                 raise NotTogether(
-                    f"model {type(run.module).__name__}: seed {run.seed}'s clients compute another {name} with their "
-                    f"own algorithm ({own}) than with seed {self.active[0].seed}'s ({first}): they read something "
+                    f"model {type(run.module).__name__}: {run.label}'s clients compute another {name} with their "
+                    f"own algorithm ({own}) than with {self.active[0].label}'s ({first}): they read something "
                     "of their seed (e.g. its global model as a teacher) that one stacked step cannot give each seed")
 
     @torch.no_grad()
@@ -527,9 +539,11 @@ class StackedSeeds:
             server_round.add(client.client.client_id, client.end())
 
 
-def train_together(runs: dict[int, list[str]], stop: Any) -> Cohort:
-    """Build and train the seeds' runs together (``NotTogether``: they cannot; nothing was written)."""
-    cohort = Cohort(runs, stop)
+def train_together(runs: Mapping[Hashable, list[str]], stop: Any, labels: Optional[Mapping[Hashable, str]] = None,
+                   prog: str = "fedrcl seeds") -> Cohort:
+    """Build and train the runs together (``Cohort``'s arguments; ``NotTogether``: they cannot, and nothing was
+    written)."""
+    cohort = Cohort(runs, stop, labels, prog)
     cohort.fit()
     if stop.signum is not None:
         raise StoppedTogether(cohort, stop.signum)

@@ -1,0 +1,185 @@
+"""``fedrcl sweep``: a grid's settings, each (setting, seed) the run its own ``fedrcl fit`` would be."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, assert_same_state
+from fedrcl import sweep
+from fedrcl.cli import build_cli
+from fedrcl.sweep import Setting, SweepError, canonical_key, parse_axes, settings_of, short_names
+
+
+def args(data_root: Path, save_dir: Path, *extra: str, model: str = "fedrcl.algorithms.FedProx") -> list[str]:
+    """The quickstart shrunk to seconds (as tests/test_together.py): 10 clients, 3 a round, 2 local epochs of
+    3 steps."""
+    return ["--config", str(REPO / "configs" / "quickstart.yaml"), "--model", model, "--data.root", str(data_root),
+            "--data.num_clients", "10", "--trainer.accelerator", "cpu",
+            "--trainer.logger.init_args.save_dir", str(save_dir), "--trainer.callbacks", "[]",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+            "--trainer.local_epochs", "2", "--data.local_iters_per_epoch", "3", "--trainer.clients_per_round", "3",
+            *extra]
+
+
+def last(save_dir: Path, run: str, version: int = 0) -> dict:
+    path = save_dir / "quickstart" / run / f"version_{version}" / "checkpoints" / "last.ckpt"
+    return torch.load(path, weights_only=True)
+
+
+def relative_difference(a: dict, b: dict) -> float:
+    """The largest per-tensor ``max|a - b| / max|b|`` over the floating-point entries of two state dicts."""
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max())
+               for k in b if b[k].is_floating_point())
+
+
+# -- the grid -----------------------------------------------------------------------------------------------
+def test_parse_axes_and_setting_names():
+    """Values split at commas; keys named by their last part, longer where two would clash; a setting's folder
+    lists its values in the names' alphabetical order, whatever order the keys were given in."""
+    axes = parse_axes(["model.init_args.mu=0.01,0.1", "model.init_args.lr=0.03"], "--grid")
+    assert axes == {"model.init_args.mu": ["0.01", "0.1"], "model.init_args.lr": ["0.03"]}
+    assert short_names(["model.init_args.lr", "trainer.server.init_args.lr", "data.alpha"]) == \
+        {"model.init_args.lr": "model.lr", "trainer.server.init_args.lr": "server.lr", "data.alpha": "alpha"}
+    names = short_names(list(axes))
+    assert [s.name for s in settings_of(axes, names)] == ["lr=0.03,mu=0.01", "lr=0.03,mu=0.1"]
+    swapped = {"model.init_args.lr": ["0.03"], "model.init_args.mu": ["0.01", "0.1"]}
+    assert [s.name for s in settings_of(swapped, names)] == ["lr=0.03,mu=0.01", "lr=0.03,mu=0.1"]
+    assert settings_of(axes, names)[1].overrides() == ["--model.init_args.mu", "0.1", "--model.init_args.lr", "0.03"]
+    odd = settings_of({"model.class_path": ["a/b c"]}, {"model.class_path": "class_path"})
+    assert odd == [Setting((("model.class_path", "a/b c"),), "class_path=a_b_c")]
+
+
+def test_random_draws_distinct_settings_in_grid_order():
+    """``--random 3`` of a 3 x 2 space: 3 different settings, kept in the grid's order, the same for the same
+    ``--sample_seed`` and in general others for another."""
+    axes = {"a": ["1", "2", "3"], "b": ["x", "y"]}
+    grid = [s.name for s in settings_of(axes, {"a": "a", "b": "b"})]
+    drawn = [s.name for s in settings_of(axes, {"a": "a", "b": "b"}, sample=3, sample_seed=0)]
+    assert len(set(drawn)) == 3 and drawn == sorted(drawn, key=grid.index)
+    assert drawn == [s.name for s in settings_of(axes, {"a": "a", "b": "b"}, sample=3, sample_seed=0)]
+    others = {tuple(s.name for s in settings_of(axes, {"a": "a", "b": "b"}, sample=3, sample_seed=k))
+              for k in range(10)}
+    assert len(others) > 1
+    with pytest.raises(SweepError, match="--random 7: the space has 6 settings"):
+        settings_of(axes, {"a": "a", "b": "b"}, sample=7)
+
+
+def test_canonical_key_finds_init_args():
+    config = {"model": {"class_path": "x.FedProx", "init_args": {"mu": 0.1, "lr": 0.1}}, "data": {"alpha": 0.3}}
+    assert canonical_key(config, "model.mu") == "model.init_args.mu"
+    assert canonical_key(config, "model.init_args.mu") == "model.init_args.mu"
+    assert canonical_key(config, "data.alpha") == "data.alpha"
+    with pytest.raises(SweepError, match="model.beta: not a key"):
+        canonical_key(config, "model.beta")
+
+
+@pytest.mark.parametrize("grid,message", [
+    (["model.init_args.nu=0.1,1"], "--grid model.init_args.nu: not a key of this run's config"),
+    (["model.init_args.mu="], "--grid model.init_args.mu: no value"),
+    (["model.init_args.mu=0.1,,1"], "--grid model.init_args.mu: no value (or an empty one)"),
+    (["model.init_args.mu"], "--grid model.init_args.mu: write KEY=V1,V2"),
+    (["model.mu=0.1", "model.init_args.mu=1"], "--grid model.init_args.mu: the key is given twice"),
+    (["model.mu=0.1,0.1"], "--grid model.mu: repeated values"),
+    (["model.init_args.mu=0.1,-1"], "fedrcl sweep: setting mu=-1: error: model.init_args.mu must be >= 0, got -1.0"),
+])
+def test_bad_grid_input_is_refused_before_anything_trains(data_root, tmp_path, capsys, grid, message):
+    """Each bad grid is one line naming the key (a value the method refuses: the setting and the key), exit
+    status 2, and no run folder is written: every setting is built before the first one trains."""
+    with pytest.raises(SystemExit) as refused:
+        sweep.main(["--grid", *grid, "--seeds", "0", "--rounds", "1", *args(data_root, tmp_path)])
+    assert refused.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "quickstart").exists()
+
+
+# -- training -----------------------------------------------------------------------------------------------
+def test_each_setting_trained_together_equals_its_own_fit(data_root, tmp_path, capsys):
+    """An lr grid by a FedProx mu grid, trained together as one cohort (float64, 2 rounds): each setting's
+    weights within 1e-9 (relative) of its own ``fedrcl fit`` at those values, and the settings differ from
+    each other (so each run's lr and mu reached its own clients, not the first run's)."""
+    common = args(data_root, tmp_path / "x", "--trainer.precision", "64-true")
+    sweep.main(["--grid", "model.lr=0.05,0.1", "model.init_args.mu=0.001,1", "--seeds", "0", "--rounds", "2",
+                "--together", *common, "--trainer.logger.init_args.save_dir", str(tmp_path / "together")])
+    out = capsys.readouterr().out
+    assert "fedrcl sweep: 4 settings x 1 seeds = 4 runs of 2 rounds (8 run-rounds)" in out
+    assert "--together:" not in out  # one cohort, no fallback
+    assert out.count("seed 0: Round 2/2") == 4
+    weights = {}
+    for lr in ("0.05", "0.1"):
+        for mu in ("0.001", "1"):
+            setting = f"lr={lr},mu={mu}"
+            build_cli(["fit", *common, "--model.init_args.lr", lr, "--model.init_args.mu", mu, "--trainer.rounds",
+                       "2", "--trainer.logger.init_args.save_dir", str(tmp_path / "alone"),
+                       "--trainer.logger.init_args.name", f"quickstart/{setting}"])
+            alone = torch.load(tmp_path / "alone" / "quickstart" / setting / "version_0" / "checkpoints" / "last.ckpt",
+                               weights_only=True)
+            together = last(tmp_path / "together", f"{setting}/seed0")
+            assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-9, setting
+            assert (together["epoch"], together["global_step"]) == (alone["epoch"], alone["global_step"])
+            weights[setting] = together["state_dict"]
+    assert relative_difference(weights["lr=0.05,mu=0.001"], weights["lr=0.1,mu=0.001"]) > 1e-3  # lr
+    assert relative_difference(weights["lr=0.1,mu=0.001"], weights["lr=0.1,mu=1"]) > 1e-4  # mu
+
+
+def test_sigterm_stops_every_run_and_resume_is_bitwise(data_root, tmp_path, monkeypatch, capsys):
+    """SIGTERM in round 1 of 2 of a 2-setting x 2-seed sweep trained together: the round ends, every run is
+    checkpointed, exit status 143 and the resume command (``--ckpt_path last``); that command ends every run
+    where an uninterrupted sweep ends, bitwise (CPU)."""
+    from fedrcl.federated import together
+
+    report = together.Cohort._report
+
+    def signalled(self, run, *a, **k):
+        report(self, run, *a, **k)
+        if run.next_round == 1 and run is self.seeds[0]:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(together.Cohort, "_report", signalled)
+    grid = ["--grid", "model.lr=0.05,0.1", "--seeds", "0", "1", "--rounds", "2", "--together"]
+    with pytest.raises(SystemExit) as stopped:
+        sweep.main([*grid, *args(data_root, tmp_path / "stopped")])
+    assert stopped.value.code == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM (lr=0.05 seed 0 after round 1/2, lr=0.05 seed 1 after round 1/2" in err
+    assert "resume: fedrcl sweep --grid model.lr=0.05,0.1 --seeds 0 1 --rounds 2 --together" in err
+    assert err.rstrip().endswith("--ckpt_path last")
+    monkeypatch.setattr(together.Cohort, "_report", report)
+    sweep.main([*grid, *args(data_root, tmp_path / "stopped"), "--ckpt_path", "last"])
+    sweep.main([*grid, *args(data_root, tmp_path / "whole")])
+    for run in ("lr=0.05/seed0", "lr=0.05/seed1", "lr=0.1/seed0", "lr=0.1/seed1"):
+        assert last(tmp_path / "stopped", run)["epoch"] == 0
+        resumed, whole = last(tmp_path / "stopped", run, version=1), last(tmp_path / "whole", run)
+        assert resumed["epoch"] == whole["epoch"] == 1
+        assert_same_state(resumed["state_dict"], whole["state_dict"])
+
+
+def test_a_key_that_cannot_be_mapped_trains_its_values_one_after_another(data_root, tmp_path, capsys):
+    """``data.alpha`` (another partition) cannot differ inside one stacked step: one line names it, and each
+    alpha's lrs train together, one alpha after the other; every (setting, seed) has its run folder."""
+    sweep.main(["--grid", "data.alpha=0.3,1", "model.lr=0.05,0.1", "--seeds", "0", "--rounds", "1", "--together",
+                *args(data_root, tmp_path)])
+    out = capsys.readouterr().out
+    assert ("fedrcl sweep: --together: data.alpha cannot differ between runs of one stacked step (only the client "
+            "lr, its decays and the method's sweepable loss weights can): the settings of each of its 2 values "
+            "train together, one value after another") in out
+    assert "one after another instead" not in out  # each cohort trained together
+    for setting in ("alpha=0.3,lr=0.05", "alpha=0.3,lr=0.1", "alpha=1,lr=0.05", "alpha=1,lr=0.1"):
+        assert last(tmp_path, f"{setting}/seed0")["epoch"] == 0
+
+
+def test_a_method_that_cannot_train_together_trains_one_run_after_another(data_root, tmp_path, capsys):
+    """MOON (its clients cannot train batched): the sweep says so in one line beginning with the run's label,
+    and trains each run on its own, into the same folders."""
+    sweep.main(["--grid", "model.init_args.mu=0.5,1", "--seeds", "0", "--rounds", "1", "--together",
+                *args(data_root, tmp_path, model="fedrcl.algorithms.MOON")])
+    out = capsys.readouterr().out
+    assert ("fedrcl sweep: --together: mu=0.5 seed 0: MOON keeps a previous local model per client; the runs train "
+            "one after another instead") in out
+    for setting in ("mu=0.5", "mu=1"):
+        assert sorted(p.name for p in (tmp_path / "quickstart" / setting / "seed0").iterdir()) == ["version_0"]
+        assert last(tmp_path, f"{setting}/seed0")["epoch"] == 0
