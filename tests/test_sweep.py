@@ -183,3 +183,51 @@ def test_a_method_that_cannot_train_together_trains_one_run_after_another(data_r
     for setting in ("mu=0.5", "mu=1"):
         assert sorted(p.name for p in (tmp_path / "quickstart" / setting / "seed0").iterdir()) == ["version_0"]
         assert last(tmp_path, f"{setting}/seed0")["epoch"] == 0
+
+
+def test_every_sweepable_weight_is_a_constructor_argument():
+    """What a method declares ``SWEEPABLE`` is one of its config keys (``model.init_args.<name>``), kept as the
+    attribute of that name; the methods the sweep's docs name declare theirs."""
+    import inspect
+
+    import fedrcl.algorithms as algorithms
+
+    declared = {name: cls.SWEEPABLE for name, cls in vars(algorithms).items()
+                if isinstance(cls, type) and issubclass(cls, algorithms.FedAvg) and cls.SWEEPABLE}
+    assert {"FedProx": ("mu",), "FedLC": ("tau",), "FedRCL": ("beta",), "MOON": ("mu",)}.items() <= declared.items()
+    for name, weights in declared.items():
+        parameters = inspect.signature(getattr(algorithms, name).__init__).parameters
+        assert set(weights) <= set(parameters), name
+
+
+def test_calibration_offsets_take_a_tensor_tau():
+    """FedLC's offsets with ``tau`` a 0-dim tensor (set per slice when a sweep trains its values together):
+    the float's values, ``tau = 0`` included (0, not ``0 * inf``), also mapped over several ``tau``."""
+    from torch.func import vmap
+
+    from fedrcl.losses.logit_calibration import calibration_offsets
+
+    counts = torch.tensor([0, 1, 16, 81])
+    assert calibration_offsets(counts, torch.tensor(2.0)).tolist() == pytest.approx([float("inf"), 2.0, 1.0, 2 / 3])
+    assert calibration_offsets(counts, torch.tensor(0.0)).tolist() == [0.0, 0.0, 0.0, 0.0]
+    taus = torch.tensor([0.0, 0.3, 1.7])
+    mapped = vmap(lambda tau: calibration_offsets(counts, tau))(taus)
+    for tau, row in zip(taus.tolist(), mapped):
+        assert torch.equal(row, calibration_offsets(counts, tau))
+
+
+def test_fedlc_tau_grid_together_equals_its_own_fit(data_root, tmp_path, capsys):
+    """FedLC's tau 0 and 1 trained together (float64, 2 rounds): each within 1e-9 of its own fit, and apart."""
+    common = args(data_root, tmp_path / "x", "--trainer.precision", "64-true", model="fedrcl.algorithms.FedLC")
+    sweep.main(["--grid", "model.init_args.tau=0,1", "--seeds", "0", "--rounds", "2", "--together", *common,
+                "--trainer.logger.init_args.save_dir", str(tmp_path / "together")])
+    assert "--together:" not in capsys.readouterr().out
+    weights = {}
+    for tau in ("0", "1"):
+        build_cli(["fit", *common, "--model.init_args.tau", tau, "--trainer.rounds", "2",
+                   "--trainer.logger.init_args.save_dir", str(tmp_path / "alone")])
+        alone = torch.load(tmp_path / "alone" / "quickstart" / f"version_{tau}" / "checkpoints" / "last.ckpt",
+                           weights_only=True)
+        weights[tau] = last(tmp_path / "together", f"tau={tau}/seed0")["state_dict"]
+        assert relative_difference(weights[tau], alone["state_dict"]) <= 1e-9, tau
+    assert relative_difference(weights["0"], weights["1"]) > 1e-4

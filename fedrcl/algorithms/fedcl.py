@@ -27,9 +27,12 @@ class FedCL(FedAvg):
 
     Args:
         temperature: InfoNCE temperature; must be > 0.
-        weight: weight of the mean InfoNCE term; must be >= 0.
+        weight: weight of the mean InfoNCE term; must be >= 0. Sweepable (``fedrcl sweep`` trains several values
+            together).
         levels: which feature levels to use (negative from the end); null uses all.
     """
+
+    SWEEPABLE = ("weight",)
 
     def __init__(self, temperature: float = 0.05, weight: float = 1.0, levels: Optional[list[int]] = None,
                  **kwargs: Any):

@@ -26,8 +26,11 @@ class FedDecorr(FedAvg):
     """Cross-entropy plus a penalty on the correlations between representation dimensions.
 
     Args:
-        beta: weight of the decorrelation penalty; must be >= 0.
+        beta: weight of the decorrelation penalty; must be >= 0. Sweepable (``fedrcl sweep`` trains several values
+            together).
     """
+
+    SWEEPABLE = ("beta",)
 
     def __init__(self, beta: float = 0.01, **kwargs: Any):
         super().__init__(**kwargs)

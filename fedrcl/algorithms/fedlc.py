@@ -26,10 +26,12 @@ class FedLC(FedAvg):
     """Cross-entropy on logits calibrated by the client's label counts.
 
     Args:
-        tau: calibration strength (0 gives plain cross-entropy); must be >= 0.
+        tau: calibration strength (0 gives plain cross-entropy); must be >= 0. Sweepable (``fedrcl sweep`` trains
+            several values together).
     """
 
     client_tensors = ("class_counts",)
+    SWEEPABLE = ("tau",)
 
     def __init__(self, tau: float = 1.0, **kwargs: Any):
         super().__init__(**kwargs)
