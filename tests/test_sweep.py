@@ -122,8 +122,8 @@ def test_each_setting_trained_together_equals_its_own_fit(data_root, tmp_path, c
             assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-9, setting
             assert (together["epoch"], together["global_step"]) == (alone["epoch"], alone["global_step"])
             weights[setting] = together["state_dict"]
-    assert relative_difference(weights["lr=0.05,mu=0.001"], weights["lr=0.1,mu=0.001"]) > 1e-3  # lr
-    assert relative_difference(weights["lr=0.1,mu=0.001"], weights["lr=0.1,mu=1"]) > 1e-4  # mu
+    assert relative_difference(weights["lr=0.05,mu=0.001"], weights["lr=0.1,mu=0.001"]) > 1e-2  # lr (0.25)
+    assert relative_difference(weights["lr=0.1,mu=0.001"], weights["lr=0.1,mu=1"]) > 1e-2  # mu (0.13)
 
 
 def test_sigterm_stops_every_run_and_resume_is_bitwise(data_root, tmp_path, monkeypatch, capsys):
