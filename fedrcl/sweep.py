@@ -225,10 +225,12 @@ def run_sweep(groups: list[list[Setting]], runs: dict[tuple[str, int], list[str]
     from fedrcl.seeds import _run_in_process, _run_together
 
     outcome = Outcome()
-    for i, group in enumerate(groups):
+    for group in groups:
         names = {s.name for s in group}
         mine = {key: args for key, args in runs.items() if key[0] in names}
-        if stop.signum is not None:
+        if outcome.signum is None and stop.signum is not None:  # came between two groups
+            outcome.signum = stop.signum
+        if outcome.signum is not None:  # a fit in this process may have taken the signal itself (Preempted)
             outcome.not_started += list(mine)
             continue
         done = (_run_together if together else _run_in_process)(mine, stop, labels, "fedrcl sweep")
@@ -237,8 +239,6 @@ def run_sweep(groups: list[list[Setting]], runs: dict[tuple[str, int], list[str]
         outcome.not_started += done.not_started
         if done.signum is not None:
             outcome.signum, outcome.where = done.signum, done.where
-    if stop.signum is not None:
-        outcome.signum = stop.signum
     return outcome
 
 

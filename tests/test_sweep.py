@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,6 +159,62 @@ def test_sigterm_stops_every_run_and_resume_is_bitwise(data_root, tmp_path, monk
         resumed, whole = last(tmp_path / "stopped", run, version=1), last(tmp_path / "whole", run)
         assert resumed["epoch"] == whole["epoch"] == 1
         assert_same_state(resumed["state_dict"], whole["state_dict"])
+
+
+def test_killed_and_resumed_sweep_equals_uninterrupted(data_root, tmp_path):
+    """``kill -9`` of a 2-setting sweep trained together once both runs have checkpointed round 1, then the same
+    command with ``--ckpt_path last``: each run ends where a sweep that never stopped ends, bitwise (CPU)."""
+    grid = ["--grid", "model.lr=0.05,0.1", "--seeds", "0", "--rounds", "4", "--together"]
+    common = args(data_root, tmp_path / "killed", "--trainer.checkpoint_every", "1")
+    proc = subprocess.Popen([sys.executable, "-m", "fedrcl.cli", "sweep", *grid, *common], cwd=tmp_path,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    round1 = [tmp_path / "killed" / "quickstart" / s / "seed0" / "version_0" / "checkpoints" / "round0000.ckpt"
+              for s in ("lr=0.05", "lr=0.1")]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(p.exists() for p in round1):
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "no round-1 checkpoints in 120 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert not (round1[0].parent / "round0003.ckpt").exists()
+    sweep.main([*grid, *common, "--ckpt_path", "last"])
+    sweep.main([*grid, *args(data_root, tmp_path / "whole", "--trainer.checkpoint_every", "1")])
+    for run in ("lr=0.05/seed0", "lr=0.1/seed0"):
+        resumed, whole = last(tmp_path / "killed", run, version=1), last(tmp_path / "whole", run)
+        assert resumed["epoch"] == whole["epoch"] == 3
+        assert_same_state(resumed["state_dict"], whole["state_dict"])
+        assert resumed["global_step"] == whole["global_step"]
+
+
+def test_sigterm_one_after_another_starts_no_other_setting(data_root, tmp_path):
+    """Without ``--together``: SIGTERM in the first setting's fit ends its round, checkpointed, and the second
+    setting does not start (exit status 143, the line names both); the resume command finishes both."""
+    grid = ["--grid", "model.lr=0.05,0.1", "--seeds", "0", "--rounds", "3"]
+    common = args(data_root, tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "fedrcl.cli", "sweep", *grid, *common], cwd=tmp_path,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Round 1/3"):
+                proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, "".join(lines[-20:])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = "".join(lines)
+    assert "stopped after a round: ['lr=0.05 seed 0'], not started: ['lr=0.1 seed 0']" in said
+    assert said.rstrip().endswith("--ckpt_path last")
+    assert not (tmp_path / "quickstart" / "lr=0.1").exists()
+    sweep.main([*grid, *common, "--ckpt_path", "last"])
+    assert last(tmp_path, "lr=0.05/seed0", version=1)["epoch"] == last(tmp_path, "lr=0.1/seed0")["epoch"] == 2
 
 
 def test_a_key_that_cannot_be_mapped_trains_its_values_one_after_another(data_root, tmp_path, capsys):
