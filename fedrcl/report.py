@@ -481,7 +481,8 @@ def render_selection(runs: Sequence[RunResult], paper: dict[str, Any], fmt: str 
         return "\n".join(heading + ["## Protocol", "", *lines, "## Selected on validation", "",
                                     render_markdown(table)]), ""
     if fmt == "latex":
-        return "\n".join(f"% {line}".rstrip() for line in lines) + "\n" + render_latex(table), ""
+        comments = (f"% {line.replace('**', '').replace('`', '')}".rstrip() for line in lines)  # markdown marks
+        return "\n".join(comments) + "\n" + render_latex(table), ""
     return RENDERERS[fmt](table), "\n".join(lines)
 
 

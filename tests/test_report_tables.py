@@ -172,3 +172,14 @@ def test_fedrcl_report_format_prints_the_table_alone(tmp_path, capsys):
     main(["report", str(sweep), "--select", "val", "--format", "csv"])
     captured = capsys.readouterr()
     assert captured.out.startswith("method,column,") and "Warning: unequal tuning budgets" in captured.err
+
+
+@pytest.mark.parametrize("args", [["--select", "val"], ["--format", "markdown"], ["--format", "latex"]])
+def test_the_tuning_page_shows_what_fedrcl_report_prints_of_its_runs(args, capsys, monkeypatch):
+    """docs/tuning.md's tables are the command's output on the committed sweep (docs/tuning_runs)."""
+    monkeypatch.chdir(Path(__file__).parents[1])
+    page = Path("docs/tuning.md").read_text(encoding="utf-8")
+    assert f"fedrcl report docs/tuning_runs {' '.join(args)}\n" in page
+    main(["report", "docs/tuning_runs", *args])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line and not line.startswith("#")]
+    assert len(lines) > 5 and all(line in page for line in lines)

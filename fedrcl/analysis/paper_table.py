@@ -158,9 +158,16 @@ def settings_table(runs: Sequence[RunResult], paper: dict[str, Any], rounds: Seq
                                    paper_number(paper, here[0][0].setting, r)) if here else None)
             rows.append((name, tuple(cells)))
     caption = ("Test accuracy EMA (%) at the round of each column: mean ± half-width of the 95% Student-t "
-               "interval of the mean over seeds (one seed: its value alone); bold: best of its column; "
-               f"paper: the number reported by {SOURCE} for the same setting, at the round shown.")
+               "interval of the mean over seeds (one seed: its value alone); bold: best of its column"
+               + _paper_note(rows) + ".")
     return Table(caption, "Method", tuple(c[2] for c in columns), tuple(rows))
+
+
+def _paper_note(rows: Sequence[tuple[str, Sequence[Optional[Cell]]]]) -> str:
+    """What "paper" beside a cell means, for a caption; empty when no cell has the paper's number."""
+    if not any(cell is not None and cell.paper is not None for _, cells in rows for cell in cells):
+        return ""
+    return f"; paper: the number reported by {SOURCE} for the same setting, at the round shown"
 
 
 def _reference(selections: Sequence[MethodSelection], reference: Optional[str]) -> MethodSelection:
@@ -199,8 +206,8 @@ def selected_table(selections: Sequence[MethodSelection], paper: dict[str, Any],
     caption = ("Each method at the setting with the best mean validation accuracy over its seeds (chosen on the "
                "validation split, never on the test set); its test accuracy (%) at the selection round: mean ± "
                "half-width of the 95% Student-t interval over seeds (one seed: its value alone); "
-               f"Δ: its test EMA minus {ref.method}'s, paired by seed; bold: best of its column; paper: the "
-               f"number reported by {SOURCE} for the same setting, at the round shown.")
+               f"Δ: its test EMA minus {ref.method}'s, paired by seed; bold: best of its column"
+               + _paper_note(rows) + ".")
     columns = ("test acc EMA", "test acc", f"Δ EMA vs {ref.method} (paired)")
     return Table(caption, "Method", columns, tuple(rows), label="tab:fedrcl-selected")
 

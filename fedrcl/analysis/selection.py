@@ -138,7 +138,7 @@ class MethodSelection:
 
     @property
     def budget(self) -> int:
-        """Run-rounds spent on the scored settings up to the selection round: settings x seeds x rounds."""
+        """The run-rounds spent on the scored settings up to the selection round (settings x seeds x rounds)."""
         return sum(len(group) for group in self.scored) * self.choice.round_idx
 
     def chosen_values(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ __all__ = ["ACCURACY_KINDS", "has_validation_split", "logged_validation", "with_
            "val_fraction", "validation_curve"]
 
 ACCURACY_KINDS = ("acc", "acc_ema")
-"""The two accuracies evaluated each round: raw, and its EMA (0.9, the paper's table metric)."""
+"""Raw and EMA (0.9, the paper's table metric), the two accuracies evaluated each round."""
 
 
 def logged_validation(curves: Mapping[str, Curve]) -> bool:
