@@ -6,6 +6,7 @@
   sampling and client-ordered float64 aggregation;
 - ``server.make_server_app(args)`` / ``server.run_federation(grid, args)``: the run built from ``fedrcl fit``'s
   config, central evaluation and ``fedrcl fit``'s run folder;
+- ``secure_aggregation``: each round's sum through Flower's SecAgg+ (run config ``secure-aggregation.enabled``);
 - ``python -m fedrcl.flower --config ...``: the one-command simulation (``simulation``); ``app``: the apps
   ``flwr run`` loads. See ``docs/flower.md``.
 

@@ -38,19 +38,29 @@ come again: its node lost after writing a client's new state, before its reply a
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.common.logger import update_console_handler
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
 from fedrcl.algorithms.client_state import ClientStateStore
 from fedrcl.federated.local_update import LocalUpdate
 from fedrcl.federated.round import Downlink
 from fedrcl.flower import node
 from fedrcl.flower.config import build, client_args
+from fedrcl.flower.secure_aggregation import check_range
+from fedrcl.privacy.clipping import clip_update
 
 _PROCESS: dict[tuple, LocalUpdate] = {}  # this process's client machinery, per (run, args, state dir)
 log = logging.getLogger(__name__)
@@ -123,7 +133,9 @@ def make_client_app() -> ClientApp:
             store.keep([str(kept) for kept in _as_list(task["kept"]) if kept])
         arrays = message.content.array_records
         sent = arrays["fedrcl.sent"].to_torch_state_dict()
+        secure = RECORD_KEY_CONFIGS in message.content.config_records  # a SecAgg+ round's masked-vector stage
         replies: dict[str, ArrayRecord | MetricRecord | ConfigRecord] = {}
+        node_update = SecureUpdate(sent, task) if secure else None
         for client_id in clients:  # the sampled order
             extras = {name: arrays[f"fedrcl.{client_id}.{name}"].to_torch_state_dict()
                       for name in ("broadcast", "download") if f"fedrcl.{client_id}.{name}" in arrays}
@@ -133,13 +145,64 @@ def make_client_app() -> ClientApp:
                 raise ClientError(f"client {client_id} (round {round_idx + 1}): {type(error).__name__}: "
                                   f"{error}") from error
             written = store.file(client_id) if store is not None else None
+            if node_update is not None:  # summed on the node; the server gets it masked, with the others'
+                node_update.add(result.weights, update.datamodule.client_num_samples(client_id))
+            else:
+                replies.update({
+                    f"fedrcl.{client_id}.weights": ArrayRecord.from_torch_state_dict(dict(result.weights)),
+                    f"fedrcl.{client_id}.upload": ArrayRecord.from_torch_state_dict(dict(result.upload))})
             replies.update({
-                f"fedrcl.{client_id}.weights": ArrayRecord.from_torch_state_dict(dict(result.weights)),
-                f"fedrcl.{client_id}.upload": ArrayRecord.from_torch_state_dict(dict(result.upload)),
                 f"fedrcl.{client_id}.train": MetricRecord({"steps": result.steps, **result.loss_sums}),
                 f"fedrcl.{client_id}.status": ConfigRecord({"failure": result.failure or "",
                                                            "state_file": "" if written is None else str(written)}),
             })
-        return Message(RecordDict(replies), reply_to=message)
+        content = RecordDict(replies)
+        if node_update is not None:
+            node_update.reply(content)
+        return Message(content, reply_to=message)
 
     return app
+
+
+class SecureUpdate:
+    """A node's half of a SecAgg+ round (``fedrcl.flower.secure_aggregation``): its clients' updates
+    ``w_k - sent`` (every floating-point entry, float64), with DP-FedAvg each clipped to ``dp_clip_norm`` and
+    noised with ``N(0, dp_noise_std^2)`` from this node's own entropy (never the run's seed: the server must not
+    know it), summed with weights (sample counts, or 1 with DP); ``reply`` puts their weighted mean and its
+    weight where Flower's ``secaggplus_mod`` reads them (a ``FitRes``), checked against the clipping range.
+
+    Args:
+        sent: the round's broadcast weights.
+        task: the round's ``fedrcl.round`` record (``secure_clipping_range``, ``dp_clip_norm``,
+            ``dp_noise_std``: 0 without DP).
+    """
+
+    def __init__(self, sent: dict[str, torch.Tensor], task: Mapping[str, Any]):
+        self.sent = {k: v for k, v in sent.items() if v.is_floating_point()}  # the server's vector order
+        self.clipping_range = float(task["secure_clipping_range"])
+        self.clip_norm = float(task["dp_clip_norm"])
+        self.noise_std = float(task["dp_noise_std"])
+        self.total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in self.sent.items()}
+        self.weight = 0
+        self.noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
+
+    def add(self, weights: Mapping[str, torch.Tensor], num_samples: int) -> None:
+        """Fold in one client's weights (weight: its sample count; 1 under DP-FedAvg, clipped and noised)."""
+        if self.clip_norm > 0:
+            weights, _ = clip_update(weights, self.sent, self.clip_norm)
+        weight = num_samples if self.clip_norm <= 0 else 1
+        for k, acc in self.total.items():
+            delta = weights[k].double().cpu() - self.sent[k].double().cpu()
+            if self.noise_std > 0:
+                delta += torch.randn(delta.shape, generator=self.noise, dtype=torch.float64) * self.noise_std
+            acc.add_(delta, alpha=weight)
+        self.weight += weight
+
+    def reply(self, content: RecordDict) -> None:
+        mean = [(acc / self.weight).numpy() for acc in self.total.values()]
+        check_range(mean, list(self.total), self.clipping_range)
+        legacy = fitres_to_recorddict(FitRes(Status(Code.OK, ""), ndarrays_to_parameters(mean), self.weight, {}),
+                                      keep_input=False)
+        content.array_records.update(legacy.array_records)
+        content.metric_records.update(legacy.metric_records)
+        content.config_records.update(legacy.config_records)

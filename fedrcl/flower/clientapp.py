@@ -6,6 +6,9 @@ starts this ClientApp in a new process for every message, by the node's worker p
 built run between messages (``fedrcl.flower.worker``; started on the node's first message); in Flower's
 simulation, whose Ray actors live for the run, in this process (node config ``worker``:
 ``fedrcl.flower.node``).
+A SecAgg+ round (``fedrcl.flower.secure_aggregation``) runs Flower's ``secaggplus_mod`` here, in the process the
+SuperNode gives the node's context to (the protocol's keys live in it between messages); only its masked-vector
+stage reaches the node handlers, which then answer with the node's update for the mod to mask.
 A ``query`` first checks the node's own configuration (``fedrcl.flower.node.check``) and refuses a bad one,
 named, before anything is started or built.
 """
@@ -18,6 +21,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedrcl.flower import node, worker
+from fedrcl.flower.secure_aggregation import secure_aggregation_mod
 
 _IN_PROCESS: list[Callable[[Message, Context], Message]] = []  # the node handlers, once imported here
 
@@ -35,7 +39,7 @@ def _answer(message: Message, context: Context) -> Message:
 
 def make_light_client_app() -> ClientApp:
     """The ClientApp of the module docstring."""
-    app = ClientApp()
+    app = ClientApp(mods=[secure_aggregation_mod])  # SecAgg+ rounds' messages go through Flower's mod
 
     @app.query()
     def query(message: Message, context: Context) -> Message:

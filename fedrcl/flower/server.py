@@ -37,6 +37,7 @@ from fedrcl.federated.checkpoint import resume_path
 from fedrcl.federated.driven import DrivenRun, evaluate, not_run, open_run
 from fedrcl.flower.config import Args, as_args, build, run_args
 from fedrcl.flower.nodes import ClientFailure
+from fedrcl.flower.secure_aggregation import SecureAggregation
 from fedrcl.flower.strategy import FedrclStrategy
 from fedrcl.federated.preemption import StopSignal
 
@@ -68,18 +69,24 @@ class RunStopped(Exception):
 
 
 def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: float = 600.0,
-                   restart_wait: float = 300.0, stop: Optional[StopSignal] = None):
+                   restart_wait: float = 300.0, stop: Optional[StopSignal] = None,
+                   secure: Optional[SecureAggregation] = None):
     """Run fedrcl's federation ``args`` over ``grid``; returns the CLI objects (``cli.model`` holds the final
     global model) and the strategy. ``node_wait``: seconds to wait for nodes serving every client before
     the first round; ``restart_wait``: seconds a round waits for a lost node to come back (``Fleet``). A round
     that stops (a node not back in time, a client's error) stops the run with the last round's checkpoint
     written, and says so with the way to resume. The round's end is ``DrivenRun``'s, as for seeds together:
     ``trainer.max_time``, ``max_epsilon`` and a stop signal recorded by ``stop`` (SIGTERM, Ctrl-C) end the run
-    after a round, checkpointed, saying how to resume; the caller then exits with 128 + the signal's number."""
+    after a round, checkpointed, saying how to resume; the caller then exits with 128 + the signal's number.
+    ``secure``: each round's sum through Flower's SecAgg+ (``fedrcl.flower.secure_aggregation``; a method it cannot
+    serve is refused here, before anything is written)."""
     args, ckpt_path = split_ckpt_path(as_args(args))
     cli = build(args)
     module, dm, trainer = cli.model, cli.datamodule, cli.trainer
     check_method(module, trainer.federation.server)  # before anything is written
+    if secure is not None:
+        secure.check_method(module, trainer.federation.privacy)
+        secure.check_run(trainer.federation.clients_per_round)
     quiet_flower_log()
     ignored = not_run(trainer)
     if ignored:
@@ -96,7 +103,8 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
                               steps_per_epoch=[dm.client_steps_per_epoch(k) for k in clients],
                               local_epochs=federation.local_epochs, first_round=first_round,
                               node_wait=node_wait, algorithm=module, run_args=args, ledger=federation.ledger,
-                              restart_wait=restart_wait, privacy=federation.privacy, round_started=run.begin_round)
+                              restart_wait=restart_wait, privacy=federation.privacy, round_started=run.begin_round,
+                              secure=secure)
     strategy.steps = steps
     strategy.kept = strategy.manifest()  # a resumed run's checkpoint refers to these files
     started = [time.perf_counter()]
@@ -169,11 +177,12 @@ def make_server_app(args: Optional[Args] = None, timeout: float = 3600.0, more: 
         update_console_handler(colored=sys.stderr.isatty())
         wait = float(context.run_config.get("round-timeout", timeout))
         back = float(context.run_config.get("node-restart-wait", restart_wait))
+        secure = SecureAggregation.from_run_config(context.run_config)  # secure-aggregation.*: checked first
         own = stop is None and threading.current_thread() is threading.main_thread()
         signals = StopSignal() if own else stop
         with signals if own and signals is not None else contextlib.nullcontext():
             for run in (run_args(context.run_config, args), *more):
-                run_federation(grid, run, timeout=wait, restart_wait=back, stop=signals)
+                run_federation(grid, run, timeout=wait, restart_wait=back, stop=signals, secure=secure)
                 if signals is not None and signals.signum is not None:
                     break
         if own and signals is not None and signals.signum is not None:

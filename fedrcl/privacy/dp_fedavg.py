@@ -168,6 +168,16 @@ class DPFedAvg:
                                                 self.clip_learning_rate)
         return noised
 
+    def released_by_clients(self) -> None:
+        """Account a round whose clipping and noise happened on the clients (distributed DP under Flower's secure
+        aggregation, ``fedrcl.flower.secure_aggregation``: each of the ``m`` clients added ``N(0, (z C)^2 / m)``, so
+        the secure sum carries ``release``'s noise). Fixed clipping only: adaptive clipping's noised count is
+        not released that way (refused there)."""
+        if self.adaptive:
+            raise ValueError("adaptive clipping's unclipped count is released on the server, not by the clients")
+        self.clip_norms.append(self.clip_norm)
+        self._account(self.mechanism)
+
     def _account(self, mechanism: RoundMechanism) -> None:
         key = [mechanism.noise_multiplier, mechanism.count_stddev, mechanism.sample_size, mechanism.population]
         if self.segments and self.segments[-1][:4] == key:
