@@ -561,6 +561,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.select is None and (args.select_round is not None or args.reference is not None):
         parser.error("--select_round and --reference go with --select val")
+    if args.select is not None and args.rounds:
+        parser.error("--rounds does not go with --select val: give the round selected at as --select_round")
+    if (args.select is not None or args.format is not None) and (args.paper or args.tags is not None):
+        parser.error("--paper and --tags go with the markdown report, not with --select or --format")
     out = Path(args.out) if args.out else None
     problem = out_file_problem(out) if out is not None else None
     if problem is not None:  # before anything is read or printed

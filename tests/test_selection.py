@@ -247,6 +247,12 @@ def test_select_val_refuses_a_run_without_a_validation_split_in_one_line(tmp_pat
     with pytest.raises(SystemExit):
         main(["report", str(root), "--reference", "FedAvg"])
     assert "go with --select val" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["report", str(root), "--select", "val", "--rounds", "2"])
+    assert "give the round selected at as --select_round" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["report", str(root), "--format", "latex", "--tags", "val/acc"])
+    assert "--tags go with the markdown report" in capsys.readouterr().err
 
 
 def test_report_and_plot_show_the_test_accuracy_of_a_run_with_a_validation_split(tmp_path):
