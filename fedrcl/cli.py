@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
@@ -54,7 +55,10 @@ class CommandParser(argparse.ArgumentParser):
 def command_parser() -> CommandParser:
     """``fedrcl`` above its subcommands: their list for ``--help`` and the refusal of an unknown one."""
     names = [*TRAINER_SUBCOMMANDS, *OTHER_SUBCOMMANDS]
+    # The subcommands' list on the usage line's first line, also in an 80-column terminal (argparse wraps it).
+    width = max(100, shutil.get_terminal_size().columns - 2)
     parser = CommandParser(prog="fedrcl", description=DESCRIPTION,
+                           formatter_class=lambda prog: argparse.HelpFormatter(prog, width=width),
                            epilog="Each subcommand lists its own options: fedrcl fit --help.")
     subcommands = parser.add_subparsers(title="subcommands", dest="subcommand", required=True,
                                         metavar="{" + ",".join(names) + "}")
