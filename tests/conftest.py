@@ -36,16 +36,18 @@ def pytest_configure(config):
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit a pytest-xdist worker receives whole: a test file, or all the Flower files together."""
+    """The unit a pytest-xdist worker receives whole: a test file, or all the files that start Flower
+    deployments (``test_flower*``, ``test_secagg``) together."""
     path = nodeid.split("::", 1)[0]
-    return "flower" if path.rsplit("/", 1)[-1].startswith("test_flower") else path
+    name = path.rsplit("/", 1)[-1]
+    return "flower" if name.startswith("test_flower") or name == "test_secagg.py" else path
 
 
 # Seconds each unit of 15 s or more took (2026-11-29, ``pytest -n 0 --durations=0``, one busy core): the
 # workers take them first, longest first, so that none starts alone near the end (xdist's own order, most
 # tests first, left mypy's single test and the notebooks last). Other files follow in xdist's order; a stale
 # figure costs time, never a test.
-UNIT_SECONDS = {"flower": 310, "tests/test_reliability.py": 84, "tests/test_scaffold_feddyn.py": 57,
+UNIT_SECONDS = {"flower": 420, "tests/test_client_direction.py": 110, "tests/test_sweep.py": 40, "tests/test_reliability.py": 84, "tests/test_scaffold_feddyn.py": 57,
                 "tests/test_batched.py": 55, "tests/test_gpu_lease.py": 60, "tests/test_bad_input.py": 48,
                 "tests/test_multiprocess.py": 47, "tests/test_check.py": 60, "tests/test_together.py": 30,
                 "tests/test_first_contact.py": 35, "tests/test_backbones.py": 29, "tests/test_cli.py": 28,
