@@ -205,7 +205,13 @@ def test_committed_runs_all_trained_on_the_one_committed_split():
     assert not list(docs.rglob("split.json"))
     data_runs = sorted((docs / "data_runs").rglob("config.yaml"))  # the digits' domain-skew runs: their own split
     privacy_runs = sorted((docs / "privacy_runs").rglob("config.yaml"))  # the digits' DP runs: theirs
-    configs = [p for p in sorted(docs.rglob("config.yaml")) if p not in data_runs and p not in privacy_runs]
+    tuning_runs = sorted((docs / "tuning_runs").rglob("config.yaml"))  # docs/tuning.md's quickstart sweep
+    configs = [p for p in sorted(docs.rglob("config.yaml"))
+               if p not in data_runs and p not in privacy_runs and p not in tuning_runs]
+    for path in tuning_runs:  # the quickstart's own split (digits, 20 clients, Dirichlet 0.3), 10% held out
+        data = yaml.safe_load(path.read_text())["data"]
+        keys = data["dataset"], data["num_clients"], data["partition"], data["alpha"], data["seed"]
+        assert keys == ("digits", 20, "dirichlet", 0.3, 0) and data["val_fraction"] == 0.1, path
     assert len(privacy_runs) == 24
     for path in privacy_runs:
         data = yaml.safe_load(path.read_text())["data"]
