@@ -49,12 +49,6 @@ class FedDyn(PersistentClientState):
         self._dual = torch.zeros(0)
         self._anchors: list[Tensor] = []
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage != "fit":  # evaluating a checkpoint needs no sample counts
-            return
-        self._total_samples = total_train_samples(self.trainer)
-
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
         names = [name for name, _ in self.backbone.named_parameters()]
@@ -80,4 +74,4 @@ class FedDyn(PersistentClientState):
 
     def receive_upload(self, client: ClientContext, upload: Mapping[str, Tensor]) -> None:
         """The server half takes a client's sample count (called by the round, on the server's copy)."""
-        _server_half(client).receive(client.num_samples, self._total_samples)
+        _server_half(client).receive(client.num_samples, total_train_samples(self.trainer))

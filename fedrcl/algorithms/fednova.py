@@ -51,12 +51,6 @@ class FedNova(FedProx):
         super().__init__(mu=mu, **kwargs)
         self._norm: Optional[Tensor] = None
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage != "fit":  # evaluating a checkpoint needs no sample counts
-            return
-        self._total_samples = total_train_samples(self.trainer)
-
     def client_norm(self, client: ClientContext) -> float:
         """``eta ||a_i||_1`` of ``client``'s local steps this round (its lr per local epoch, as ``ClientRun``)."""
         lrs = [float(self.client_lr(client.round_idx, epoch)) for epoch in client.step_epochs()]
@@ -79,4 +73,4 @@ class FedNova(FedProx):
 
     def receive_upload(self, client: ClientContext, upload: Mapping[str, Tensor]) -> None:
         """The server half takes a client's norm (called by the round, on the server's copy)."""
-        _server_half(client).receive(upload["norm"], client.num_samples, self._total_samples)
+        _server_half(client).receive(upload["norm"], client.num_samples, total_train_samples(self.trainer))

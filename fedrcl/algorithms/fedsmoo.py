@@ -70,12 +70,6 @@ class FedSMOO(PersistentClientState):
         self._last_perturbation: dict[str, Tensor] = {}
         self._upload: dict[str, Tensor] = {}
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage != "fit":  # evaluating a checkpoint needs no sample counts
-            return
-        self._total_samples = total_train_samples(self.trainer)
-
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
         params = dict(self.backbone.named_parameters())
@@ -119,4 +113,4 @@ class FedSMOO(PersistentClientState):
 
     def receive_upload(self, client: ClientContext, upload: Mapping[str, Tensor]) -> None:
         """The server half takes a client's sample count and ``mu_i - s_hat_{i,K}`` (on the server's copy)."""
-        _server_half(client).receive(client.num_samples, self._total_samples, upload)
+        _server_half(client).receive(client.num_samples, total_train_samples(self.trainer), upload)

@@ -65,12 +65,6 @@ class SCAFFOLD(PersistentClientState):
         self._lr_sum = 0.0
         self._upload: dict[str, Tensor] = {}
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage != "fit":  # evaluating a checkpoint needs no sample counts
-            return
-        self._total_samples = total_train_samples(self.trainer)
-
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
         names = [name for name, _ in self.backbone.named_parameters()]
@@ -98,7 +92,7 @@ class SCAFFOLD(PersistentClientState):
 
     def receive_upload(self, client: ClientContext, upload: Mapping[str, Tensor]) -> None:
         """The server half takes a client's ``delta c_i`` (called by the round, on the server's copy)."""
-        _server_half(client).receive(upload, client.num_samples, self._total_samples)
+        _server_half(client).receive(upload, client.num_samples, total_train_samples(self.trainer))
 
     def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:
         """``delta c_i``, sent with the weights (called after ``on_client_end``)."""
