@@ -190,14 +190,17 @@ class FedAvg(ClientExchange, L.LightningModule):
         return self.loss_gradient(params, x, y)
 
     def loss_gradient(self, params: Tensors, x: Tensor, y: Tensor) -> tuple[Tensors, Tensor, Tensors]:
-        """The gradient of ``local_loss`` at ``params`` (``torch.func.grad``, so mappable), the loss and its parts."""
+        """The gradient of ``local_loss`` at ``params`` (``torch.func.grad``, so mappable), the loss and its parts.
+        The backbone's buffers go in as inputs, so that a BatchNorm backbone (clients one after another) updates its
+        running statistics in place, as an ordinary forward does (``torch.func`` refuses a captured one's update)."""
         at = LossAt(self)
+        buffers = {f"algorithm.backbone.{k}": b for k, b in self.backbone.named_buffers()}
 
-        def loss_of(p: Tensors) -> tuple[Tensor, tuple[Tensor, Tensors]]:
-            loss, parts = functional_call(at, {f"algorithm.backbone.{k}": v for k, v in p.items()}, (x, y))
+        def loss_of(p: Tensors, b: Tensors) -> tuple[Tensor, tuple[Tensor, Tensors]]:
+            loss, parts = functional_call(at, {**{f"algorithm.backbone.{k}": v for k, v in p.items()}, **b}, (x, y))
             return loss, (loss, parts)
 
-        grads, (loss, parts) = grad(loss_of, has_aux=True)(dict(params))
+        grads, (loss, parts) = grad(loss_of, has_aux=True)(dict(params), buffers)
         return grads, loss.detach(), {k: v.detach() for k, v in parts.items()}
 
     def on_train_epoch_start(self) -> None:

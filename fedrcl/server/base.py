@@ -92,13 +92,15 @@ class StatefulServer(ServerOptimizer):
         self.memory: dict[str, State] = {}
 
     def buffer(self, name: str, like: Mapping[str, Tensor], fill: float = 0.0) -> State:
-        """Memory ``name`` on ``like``'s devices, created filled with ``fill`` if it does not exist yet."""
+        """Memory ``name`` on ``like``'s devices, created filled with ``fill`` if it does not exist yet. ``like``
+        may name fewer entries than the memory holds (a client reads its trainable parameters' share of memory
+        created over every floating-point entry, BatchNorm statistics included); those it names follow it."""
         if name not in self.memory:
             self.memory[name] = {k: torch.full_like(v, fill) for k, v in like.items()}
         memory = self.memory[name]
-        for k, v in memory.items():
-            if v.device != like[k].device:  # e.g. a checkpoint loaded on the CPU, weights on a GPU
-                memory[k] = v.to(like[k].device)
+        for k, v in like.items():
+            if k in memory and memory[k].device != v.device:  # e.g. a checkpoint loaded on the CPU, weights on a GPU
+                memory[k] = memory[k].to(v.device)
         return memory
 
     def state_dict(self) -> dict[str, State]:
