@@ -201,6 +201,44 @@ def test_a_node_not_back_in_time_stops_the_round_naming_its_partition_and_client
         one_round(strategy_on(grid, restart_wait=0.2), grid, kill)
 
 
+def slow_to_answer(grid: ScriptedGrid, node: int, seconds: float) -> None:
+    """Node ``node`` answers nothing for ``seconds`` (a SuperNode whose ClientApp and worker still start), then
+    its query, and from then on every message at once."""
+    since, pull = time.monotonic(), grid.pull_messages
+
+    def pull_then_answer(ids):
+        if node in grid.silent and time.monotonic() - since > seconds:
+            grid.silent.discard(node)
+            for message in grid.sent:
+                if message.metadata.dst_node_id == node:
+                    grid._replies[message.metadata.message_id] = grid._answer(node, message)
+        return pull(ids)
+    grid.silent.add(node)
+    grid.pull_messages = pull_then_answer
+
+
+def test_a_node_back_but_slow_to_answer_holds_the_lost_partition_up_to_node_wait():
+    """Flower learns of a killed node's loss from its heartbeat, often after its replacement came: the restart
+    wait (0.2 s) runs out while the new node starts (1 s); the round waits for its answer, within node_wait."""
+    part = owing_partition()
+
+    def kill_and_start_slowly(grid):
+        grid.kill(101 + part, listed=False)
+        grid.start(201, part)
+        slow_to_answer(grid, 201, 1.0)
+
+    grid = two_nodes()
+    started = time.monotonic()
+    assert torch.equal(one_round(strategy_on(grid, restart_wait=0.2), grid, kill_and_start_slowly), expected_mean())
+    assert time.monotonic() - started >= 1.0
+    assert [m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "train"][-1] == 201
+    grid = two_nodes()
+    strategy = strategy_on(grid, restart_wait=0.2)
+    strategy.fleet.node_wait = 0.4  # the new node's answer comes too late: the partition is lost, named
+    with pytest.raises(NodeLost, match=rf"node {101 + part} of partition {part} went away"):
+        one_round(strategy, grid, kill_and_start_slowly)
+
+
 def test_a_clientapp_error_or_a_silence_stops_the_round_naming_the_clients():
     grid = two_nodes()
     part = owing_partition()

@@ -13,7 +13,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,15 +30,19 @@ from fedrcl.flower.localhost import LocalDeployment  # noqa: E402
 ROUNDS = 3
 
 
-def wait_for_round(workdir: Path, server_round: int, timeout: float) -> int:
-    """The partition of the first SuperNode whose current log shows Flower's round ``server_round``."""
+def wait_for_round(deployment: LocalDeployment, server_round: int, run: threading.Thread, outcome: dict,
+                   timeout: float) -> int:
+    """The partition of the first SuperNode whose current log shows Flower's round ``server_round``; fails at
+    once, with the run's error, if the run (``in_background``) ended first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for log in sorted(workdir.glob("supernode*.log")):
+        for log in sorted(deployment.workdir.glob("supernode*.log")):
             if f"ROUND {server_round}]" in log.read_text(errors="replace"):
                 return int(log.name.removeprefix("supernode").split(".")[0])
+        if not run.is_alive():
+            pytest.fail(f"the run ended before round {server_round}: {outcome.get('error', outcome.get('out'))}")
         time.sleep(0.2)
-    raise AssertionError(f"no SuperNode received round {server_round} within {timeout} s")
+    raise AssertionError(f"no SuperNode received round {server_round} within {timeout} s\n{deployment.logs()}")
 
 
 def in_background(deployment: LocalDeployment, args: list[str]) -> tuple[threading.Thread, dict]:
@@ -85,18 +88,18 @@ def test_a_killed_supernode_is_survived_or_named_and_the_weights_are_fits(nodes,
     args = flower_args(data_root, tmp_path / "flower", "fedavg")
     args[args.index("--model") + 1] = "fedrcl.algorithms.FedRCL"
     args[args.index("--trainer.rounds") + 1] = str(ROUNDS)
-    workdir = nodes.workdir
     thread, outcome = in_background(nodes, args)
     run_cli(data_root, tmp_path / "fit", rounds=ROUNDS)  # the same run by fedrcl fit, while Flower's starts
     # round 2: a SuperNode killed as it trains and started again a second later: the round sends its
-    # message again to the new node, as soon as it answers which partition it serves
-    victim = wait_for_round(workdir, 2, timeout=600)
+    # message again to the new node, as soon as it answers which partition it serves (its start may outlast
+    # the restart wait: Flower may learn of the loss from the heartbeat 36-60 s later; it has node_wait, 600 s)
+    victim = wait_for_round(nodes, 2, thread, outcome, timeout=600)
     nodes.stop_node(victim)
     time.sleep(1)
     nodes.start_node(victim)
     # round 3: a SuperNode stopped for good (SIGTERM: it ends within 30 s, and Flower knows it at once);
     # the run stops after the restart wait, with round 2's checkpoint
-    victim = wait_for_round(workdir, ROUNDS, timeout=600)
+    victim = wait_for_round(nodes, ROUNDS, thread, outcome, timeout=600)
     nodes.stop_node(victim, signal.SIGTERM)
     thread.join(900)
     assert not thread.is_alive()

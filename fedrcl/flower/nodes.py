@@ -14,8 +14,12 @@ replaced by a newer incarnation gets its message again, unchanged, at that newer
 answers its query: so a node killed mid-round and restarted costs the round that node's work again, and the
 run goes on with the weights of one that never stopped (clients are seeded by (seed, round, client), their
 state files versioned by round). A partition still without a node ``restart_wait`` seconds after it was lost
-stops the round with ``NodeLost``, naming the partition, its last node and the clients it owed; an error
-the ClientApp raised stops it at once (``ClientFailure``), as does the round's ``timeout``.
+stops the round with ``NodeLost``, naming the partition, its last node and the clients it owed, unless a node
+that came since has not yet said which partition it serves: that node has ``node_wait`` seconds to answer
+(as at the start), for its start may take longer than ``restart_wait`` (a ClientApp process, a worker that
+imports torch), and Flower may learn of a killed node's loss only when that start is well under way (its
+heartbeat, 60-90 s after a ``kill -9``). An error the ClientApp raised stops the round at once
+(``ClientFailure``), as does the round's ``timeout``.
 """
 from __future__ import annotations
 
@@ -72,18 +76,20 @@ class Fleet:
         num_clients: clients of the federation; every one must be served before the first round.
         query: the content of a ``query`` message (fedrcl's arguments for the node to check itself against).
         restart_wait: seconds a round waits for a lost partition's node to come back.
+        node_wait: seconds a node that came back mid-run has to say which partition it serves (a lost
+            partition waits for its answer meanwhile), as ``discover``'s ``wait`` at the start.
         poll: seconds between two polls of the SuperLink.
         refusal_grace: seconds the start waits, after a node refused its configuration, for the other nodes
             asked to answer, so that one error names every node that refused (an operator fixes them at once).
     """
 
     def __init__(self, num_clients: int, query: Callable[[], RecordDict], restart_wait: float = 300.0,
-                 poll: float = 0.25, refusal_grace: float = 10.0):
+                 poll: float = 0.25, refusal_grace: float = 10.0, node_wait: float = 600.0):
         self.num_clients, self.query, self.restart_wait, self.poll = num_clients, query, restart_wait, poll
-        self.refusal_grace = refusal_grace
+        self.refusal_grace, self.node_wait = refusal_grace, node_wait
         self.partitions: dict[int, Partition] = {}
         self._refused: dict[int, str] = {}  # node id -> why it refused its configuration
-        self._asked: dict[str, Incarnation] = {}  # query message id -> the incarnation asked
+        self._asked: dict[str, tuple[Incarnation, float]] = {}  # query message id -> the incarnation, when asked
         self._known: set[Incarnation] = set()  # incarnations asked already
 
     def node_of(self, client: int) -> int:
@@ -111,17 +117,22 @@ class Fleet:
             return
         queries = [Message(self.query(), dst_node_id=inc[0], message_type="query") for inc in new]
         for message_id, inc in zip(grid.push_messages(queries), new):
-            self._asked[message_id] = inc
+            self._asked[message_id] = (inc, time.monotonic())
             self._known.add(inc)
+
+    def _coming(self, now: float) -> bool:
+        """Whether a node asked its partition less than ``node_wait`` seconds ago has not answered yet."""
+        return any(now - asked_at < self.node_wait for _, asked_at in self._asked.values())
 
     def _answers(self, grid: Grid) -> list[int]:
         """Take the query replies arrived: map each answering incarnation to its partition. Returns the
         partitions whose node changed. A node that refused its configuration is noted (``_refusal``)."""
         changed = []
         for reply in grid.pull_messages(list(self._asked)) if self._asked else []:
-            inc = self._asked.pop(reply.metadata.reply_to_message_id, None)
-            if inc is None:
+            asked = self._asked.pop(reply.metadata.reply_to_message_id, None)
+            if asked is None:
                 continue
+            inc = asked[0]
             if reply.has_error():
                 if reply.error.code in LOST:
                     continue  # asked a node that is gone
@@ -190,7 +201,8 @@ class Fleet:
             self._follow(grid, [p for p in pending if p.reply is None])
             now = time.monotonic()
             for job in pending:
-                if job.reply is None and job.lost_since is not None and now - job.lost_since > self.restart_wait:
+                if job.reply is None and job.lost_since is not None and now - job.lost_since > self.restart_wait \
+                        and not self._coming(now):
                     raise NodeLost(f"{label}: node {job.sent_to[0]} of partition {job.partition} went away and no node came "
                                    f"back for it within {self.restart_wait:.0f} s; it owed clients {job.clients}. "
                                    "The round is not aggregated.")

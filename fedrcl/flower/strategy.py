@@ -88,7 +88,8 @@ class FedrclStrategy(Strategy):
         clients_per_round: clients sampled per round.
         seed: the federation's seed (``trainer.seed``).
         first_round: fedrcl round index of Flower's round 1 (a resumed run's next round).
-        node_wait: seconds to wait for nodes that serve every client before the first round.
+        node_wait: seconds to wait for nodes that serve every client before the first round; also what a node
+            that comes back mid-run has to say which partition it serves (``Fleet``).
         restart_wait: seconds a round waits for a lost node's partition to be served again (``Fleet``).
         algorithm: the server's copy of the client algorithm (for methods that exchange more than weights:
             ``extra_download``, ``receive_upload``, ``end_server_round``; ``fedrcl.federated.communication``).
@@ -119,7 +120,7 @@ class FedrclStrategy(Strategy):
         self.algorithm = algorithm if algorithm is not None else ClientExchange()  # FedAvg's: sends nothing more
         self.run_args = [str(a) for a in run_args]
         self.fleet = Fleet(len(self.num_samples), lambda: RecordDict({"fedrcl.run": self._run_record()}),
-                           restart_wait)
+                           restart_wait, node_wait=node_wait)
         self.ledger = ledger if ledger is not None else RoundLedger()
         self.payload = {"down": 0, "up": 0}  # this round's bytes in Flower's ArrayRecords
         self.train_metrics: dict[str, float] = {}
