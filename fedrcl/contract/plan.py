@@ -34,7 +34,9 @@ class RoundPlan:
         local_epochs: local epochs per client.
         seed: the federation's seed (with the round and the client it fixes batches and augmentation).
         batched: the clients train together (``fedrcl.federated.batched``): the stream has one stacked batch
-            per local step, every client's step at once, and ``locate`` reports position 0 for all of them.
+            per local step, every client's step at once (clients with fewer steps masked once they finish:
+            ``fedrcl.federated.step_mask``), and ``locate`` reports the longest client's slots (position 0's
+            where all take the same steps).
     """
 
     round_idx: int
@@ -73,7 +75,8 @@ class RoundPlan:
     @cached_property
     def _slots(self) -> tuple[ClientSlot, ...]:
         """Every batch's slot, built once per plan (the round loop asks twice per step)."""
-        clients = range(1) if self.batched else range(len(self.client_ids))
+        longest = max(range(len(self.client_ids)), key=lambda k: self.steps[k])  # the first, if all are equal
+        clients = (longest,) if self.batched else range(len(self.client_ids))
         return tuple(
             ClientSlot(position=position, client_id=self.client_ids[position], step=step,
                        local_epoch=step // self.steps_per_epoch[position],

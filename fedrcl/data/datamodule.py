@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal, Optional, get_args
@@ -23,6 +24,7 @@ from fedrcl.data.validation import hold_out
 from fedrcl.data.split_file import (SplitFile, authors_split_name, check_labels, check_split, label_fingerprint,
                                      read_split_file, write_split)
 from fedrcl.contract.plan import RoundPlan
+from fedrcl.federated.step_mask import client_batch_sizes, masked_batch, step_groups, uniform
 
 Partition = Literal["dirichlet", "dirichlet_unbalanced", "shards", "iid", "natural"]
 
@@ -465,17 +467,28 @@ class FederatedDataModule(L.LightningDataModule):
                             for _ in range(self.views - 1)]
                     yield torch.cat([x, *more]), self.y_train[idx].repeat(self.views)
 
+    def client_batch_sizes(self, client_id: int, local_epochs: int) -> tuple[int, ...]:
+        """The batch size of each of the client's steps in a round (``client_batches``' batches, one view)."""
+        return client_batch_sizes(self.client_num_samples(client_id), self._batch_size(), local_epochs,
+                                  self.local_iters_per_epoch)
+
     def stacked_client_batches(self, client_ids: tuple[int, ...], round_idx: int, local_epochs: int,
                                seed: int) -> Iterator[tuple[Tensor, Tensor]]:
         """The clients' batches of one round step by step, stacked on a leading client axis (``[K, B, ...]``).
 
-        Client ``k``'s slice is exactly ``client_batches(k, ...)``'s batch of that step (its own stream), so
-        the clients must take equal numbers of equally sized steps.
+        Client ``k``'s slice is exactly ``client_batches(k, ...)``'s batch of that step (its own stream). Clients
+        that differ in step count or batch sizes (``local_iters_per_epoch`` null) give, per step, the batches of
+        the clients that step concatenated in their ``step_mask.step_groups`` order (``[sum of rows, ...]``).
         """
+        sizes = [self.client_batch_sizes(k, local_epochs) for k in client_ids]
         streams = [self.client_batches(k, round_idx, local_epochs, seed) for k in client_ids]
-        for batches in zip(*streams, strict=True):
-            xs, ys = zip(*batches)
-            yield torch.stack(xs), torch.stack(ys)
+        if uniform(sizes):
+            for batches in zip(*streams, strict=True):
+                xs, ys = zip(*batches)
+                yield torch.stack(xs), torch.stack(ys)
+            return
+        for groups, batches in zip(step_groups(sizes), itertools.zip_longest(*streams), strict=True):
+            yield masked_batch(batches, groups)
 
     def eval_generator(self, kind: int, key: int, start: int, device: torch.device) -> torch.Generator:
         """A generator for a shift's noise outside training, the same at every evaluation: seeded by (data seed,

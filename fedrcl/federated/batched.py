@@ -9,13 +9,22 @@ momentum) update every client at once; only the gradient-norm clip is per client
 One Lightning step is one local step of every client; batches come stacked from
 ``FederatedDataModule.stacked_client_batches`` (each client's from its own (seed, round, client) stream).
 
+Clients that differ in step count or batch sizes (``data.local_iters_per_epoch: null`` with clients of different
+sizes) train stacked under a step mask (``fedrcl.federated.step_mask``): the round has as many steps as its
+longest client; at each step the clients that step are grouped by batch size, each group's loss mapped over its
+own slices of the stacked weights on its real batches, and the clients that have finished keep their weights and
+SGD momenta exactly (restored after the optimizer's step, which would apply weight decay and momentum to them).
+Lightning's optimizer has one lr per step: where clients in different local epochs would need different client
+lrs at one step (``client_lr`` depending on ``local_epoch``), the round falls back (seeds together, whose step
+takes a per-client lr, train it stacked).
+
 Shared by all clients, unbatched: the round's frozen global teacher, the broadcast weights (FedProx, FedACG's
 client term), the round's index and seed. Per client, mapped: inside ``client_loss`` each client's slice sees
 its own ``self.client`` (``client_id``, ``num_samples`` and ``num_steps`` as 0-dim integer tensors, usable in
 tensor arithmetic), and the tensors an algorithm names in ``client_tensors`` (set by its ``on_client_start``,
 e.g. FedLC's label counts), stacked. A round falls back to the sequential loop, with a one-line notice, when
-its clients differ in step count or batch size, when the algorithm keeps per-client models
-(``unbatchable_reason``, MOON) or when the backbone has buffers (BatchNorm statistics).
+the algorithm keeps per-client models (``unbatchable_reason``, MOON), when the backbone has buffers (BatchNorm
+statistics) or when one step would need different client lrs (above).
 
 What would silently differ from clients trained one after another is refused at the first batched round, in
 one line, before any step: an attribute that ``on_client_start`` sets differently per client without naming it
@@ -37,6 +46,7 @@ from torch.func import functional_call, vmap
 
 from fedrcl.contract.plan import RoundPlan
 from fedrcl.federated.round import ClientResult, ClientRun
+from fedrcl.federated.step_mask import RoundMask, keep, shared_lrs, split_groups, uniform
 
 if TYPE_CHECKING:
     import fedrcl.algorithms.fedavg
@@ -114,20 +124,21 @@ class ClientBatching:
         self.mode, self.compile = mode, compile
         self._noticed: set[str] = set()
         self._module: Optional[LocalLoss] = None
-        self._mapped: dict[bool, Callable[..., Any]] = {}  # direction or not -> the mapped call
+        self._mapped: dict[tuple[bool, bool], Callable[..., Any]] = {}  # (direction, eager) -> the mapped call
         self._low: Optional[torch.dtype] = None
         self.compile_seconds: Optional[float] = None
         self.checked = False  # the attributes on_client_start sets per client (``StackedClients``)
 
-    def applies(self, pl_module: Any, plan: RoundPlan, datamodule: Any, device: torch.device) -> bool:
+    def applies(self, pl_module: Any, plan: RoundPlan, device: torch.device) -> bool:
         """Whether the round of ``plan`` trains batched (a fallback is announced once per reason)."""
         if self.mode == "off" or (self.mode == "auto" and device.type != "cuda"):
             return False
         reason = unbatchable(pl_module)
-        if reason is None and len(set(plan.steps)) > 1:
-            reason = "this round's clients take different numbers of steps"
-        if reason is None and datamodule.local_iters_per_epoch is None and len(set(plan.num_samples)) > 1:
-            reason = "this round's clients end on batches of different sizes (local_iters_per_epoch null)"
+        if reason is None and len(set(plan.steps_per_epoch)) > 1 and shared_lrs(
+                lambda epoch: pl_module.client_lr(plan.round_idx, epoch), plan.steps_per_epoch,
+                plan.local_epochs) is None:
+            reason = ("clients in different local epochs would need different client lrs at one step "
+                      "(client_lr depends on local_epoch; Lightning's optimizer has one lr per step)")
         if reason is None:
             return True
         if reason not in self._noticed:
@@ -137,10 +148,11 @@ class ClientBatching:
 
     def losses(self, pl_module: fedrcl.algorithms.fedavg.FedAvg, params: dict[str, Tensor],
                client_tensors: dict[str, Tensor], facts: dict[str, Tensor], x: Tensor, y: Tensor,
-               direction: bool = False) -> Any:
+               direction: bool = False, eager: bool = False) -> Any:
         """Every client's ``local_loss`` on its batch (``x[k]``, ``y[k]``) with its weight slices, tensors and
         facts (``[k]``): losses ``[K]`` and parts; with ``direction`` each client's ``client_direction`` (directions
-        ``[K, ...]`` in the weights' dtype, losses, parts).
+        ``[K, ...]`` in the weights' dtype, losses, parts). ``eager``: never compiled (a step mask's groups, whose
+        shapes change from step to step).
 
         Under Lightning's mixed precision (``bf16-mixed``, ``16-mixed``) the weights and images enter the
         mapped call in the autocast dtype: autocast does not reach inside ``vmap`` (torch 2.14, CPU checked),
@@ -151,7 +163,8 @@ class ClientBatching:
         low = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
         if self._module is None or self._module.algorithm is not pl_module or self._low != low:
             self._module, self._low, self._mapped = LocalLoss(pl_module), low, {}
-        if direction not in self._mapped:
+        compiled = self.compile and not eager
+        if (direction, eager) not in self._mapped:
             module = self._module
 
             def one_client(p: dict[str, Tensor], c: dict[str, Tensor], f: dict[str, Tensor], xb: Tensor,
@@ -165,11 +178,11 @@ class ClientBatching:
                 return {name: g.to(dtypes[name]) for name, g in d.items()}, loss, parts
 
             mapped: Callable[..., Any] = vmap(one_client, randomness="error")
-            self._mapped[direction] = torch.compile(mapped, **compile_options(x.device)) if self.compile else mapped
+            self._mapped[direction, eager] = torch.compile(mapped, **compile_options(x.device)) if compiled else mapped
         prefixed = {f"algorithm.backbone.{name}": p for name, p in params.items()}
-        first = self.compile and self.compile_seconds is None
+        first = compiled and self.compile_seconds is None
         start = time.perf_counter()
-        out = self._mapped[direction](prefixed, client_tensors, facts, x, y)
+        out = self._mapped[direction, eager](prefixed, client_tensors, facts, x, y)
         if direction:  # the directions by the backbone's names
             out = ({name.removeprefix("algorithm.backbone."): d for name, d in out[0].items()}, *out[1:])
         if first:  # the first call compiles (a one-off host sync to time it)
@@ -316,11 +329,15 @@ class StackedClients:
     each client's facts), refuses an attribute that ``on_client_start`` set per client without naming it
     there, stacks the broadcast weights and points the optimizer's parameter group at them (its state
     cleared: every client's optimizer starts fresh), and hands itself to the algorithm (``algorithm.stack``).
-    ``finish`` puts the module's parameters back and, for each client in turn, loads its weights into the
-    backbone and ends its run, in client order as the sequential loop does.
+    ``sizes`` (each client's batch size per step, ``FederatedDataModule.client_batch_sizes``) that differ between
+    clients put the round under a step mask (``fedrcl.federated.step_mask``; the module docstring): the round
+    loop calls ``begin_step`` before each step and ``end_step`` after the optimizer's. ``finish`` puts the
+    module's parameters back and, for each client in turn, loads its weights into the backbone and ends its run,
+    in client order as the sequential loop does.
     """
 
-    def __init__(self, trainer: Any, pl_module: Any, runs: list[ClientRun], batching: ClientBatching):
+    def __init__(self, trainer: Any, pl_module: Any, runs: list[ClientRun], batching: ClientBatching,
+                 sizes: Optional[list[tuple[int, ...]]] = None):
         self.pl_module, self.batching, self.runs = pl_module, batching, runs
         names = tuple(getattr(pl_module, "client_tensors", ()))
         per_client: dict[str, list[Tensor]] = {name: [] for name in names}
@@ -346,23 +363,48 @@ class StackedClients:
         self._module_params, group["params"] = group["params"], list(self.params.values())
         self.optimizer.state.clear()
         self._checked = False
+        self.mask = None if sizes is None or uniform(sizes) else RoundMask(sizes, device)
+        self.step = 0  # the stacked step in progress
+        self._before: list[tuple[Tensor, Tensor]] = []  # a masked step's weights and momenta as they were
         pl_module.stack = self
 
     def __len__(self) -> int:
-        return len(self.runs)
+        """How many clients take the current step (all, unless some have finished: ``fedrcl.federated.step_mask``)."""
+        return len(self.runs) if self.mask is None else self.mask.count[self.step]
 
-    def losses(self, x: Tensor, y: Tensor, direction: bool = False) -> Any:
-        """Per-client losses ``[K]`` and loss parts (each ``[K]``) of one stacked batch (with ``direction``: each
-        client's ``client_direction`` first, ``[K, ...]``); the round's first call also refuses a loss that cannot
-        run mapped or that stores something on the algorithm."""
+    def _masked(self) -> bool:
+        return self.mask is not None and not self.mask.full(self.step)
+
+    def begin_step(self, step: int) -> None:
+        """Before stacked step ``step``: under a mask where some clients have finished, keep a copy of the weights
+        and momenta that the optimizer's step would change for them (weight decay, momentum)."""
+        self.step = step
+        if not self._masked():
+            return
+        state = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p in self.params.values()]
+        self._before = [(t, t.detach().clone()) for t in [*self.params.values(), *state] if t is not None]
+
+    @torch.no_grad()
+    def end_step(self) -> None:
+        """After the optimizer's step: the finished clients' weights and momenta put back exactly (``keep``)."""
+        if not self._before:
+            return
+        assert self.mask is not None  # begin_step kept them
+        stepping = self.mask.stepping[self.step]
+        for tensor, before in self._before:
+            tensor.copy_(keep(tensor, before, stepping))
+        self._before = []
+
+    def _mapped(self, params: dict[str, Tensor], client_tensors: dict[str, Tensor], facts: dict[str, Tensor],
+                x: Tensor, y: Tensor, direction: bool, eager: bool) -> Any:
+        """``ClientBatching.losses`` of these slices; the round's first call also refuses a loss that cannot run
+        mapped or that stores something on the algorithm."""
         if self._checked:
-            return self.batching.losses(self.pl_module, self.params, self.client_tensors, self.facts, x, y,
-                                        direction)
+            return self.batching.losses(self.pl_module, params, client_tensors, facts, x, y, direction, eager)
         name = type(self.pl_module).__name__
         before = dict(vars(self.pl_module))
         try:
-            out = self.batching.losses(self.pl_module, self.params, self.client_tensors, self.facts, x, y,
-                                       direction)
+            out = self.batching.losses(self.pl_module, params, client_tensors, facts, x, y, direction, eager)
         except RuntimeError as error:
             if "vmap" not in str(error):
                 raise
@@ -373,6 +415,32 @@ class StackedClients:
         refuse_stored_attributes(self.pl_module, before)
         self._checked = True
         return out
+
+    def losses(self, x: Tensor, y: Tensor, direction: bool = False) -> Any:
+        """Per-client losses ``[K]`` and loss parts (each ``[K]``) of one stacked batch (with ``direction``: each
+        client's ``client_direction`` first, ``[K, ...]``). Under a step mask the batch is the stepping clients'
+        batches concatenated (``step_mask.masked_batch``), and the losses are theirs, group after group (the
+        directions ``[K, ...]``, zero for the clients that do not step)."""
+        if not self._masked():
+            if self.mask is not None:  # every client steps with one batch size: the concatenation is the stack
+                x, y = x.unflatten(0, (len(self.runs), -1)), y.unflatten(0, (len(self.runs), -1))
+            return self._mapped(self.params, self.client_tensors, self.facts, x, y, direction, eager=False)
+        assert self.mask is not None
+        groups, indices = self.mask.groups[self.step], self.mask.index[self.step]
+        outs = []
+        for index, (xg, yg) in zip(indices, split_groups(x, y, groups)):
+            select = lambda tensors: {k: t.index_select(0, index) for k, t in tensors.items()}  # noqa: E731
+            outs.append(self._mapped(select(self.params), select(self.client_tensors), select(self.facts), xg, yg,
+                                     direction, eager=True))
+        if direction:
+            directions = {name: torch.zeros_like(p) for name, p in self.params.items()}
+            for index, (d, _, _) in zip(indices, outs):
+                for name, g in d.items():
+                    directions[name].index_copy_(0, index, g.to(directions[name].dtype))
+            outs = [out[1:] for out in outs]
+        losses = torch.cat([loss for loss, _ in outs])
+        parts = {k: torch.cat([p[k] for _, p in outs]) for k in outs[0][1]}
+        return (directions, losses, parts) if direction else (losses, parts)
 
     def directions(self, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
         """Each client's ``client_direction`` on its batch of the stacked one: directions ``[K, ...]``, losses

@@ -11,6 +11,10 @@ gives each client its own (``torch.func.grad`` when compiled); each client's gra
 norm; the update is ``torch.optim.SGD``'s (weight decay, momentum without dampening, each client at its own
 lr), written out so that the whole step is one function of tensors: ``torch.compile(fullgraph=True)`` makes it
 one graph, with nothing that waits for the device inside it.
+
+Clients that differ in step count or batch sizes take ``masked``: the step of a round under a step mask
+(``fedrcl.federated.step_mask``), where only some clients step, grouped by batch size; it runs eagerly (its
+groups change shape from step to step), and a client that has finished keeps its weights and momenta exactly.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedrcl.algorithms.fedavg import changes_step
 from fedrcl.federated.batched import LocalLoss, clip_coefficients
+from fedrcl.federated.step_mask import RoundMask, keep, split_groups
 
 if TYPE_CHECKING:
     import fedrcl.algorithms.fedavg
@@ -100,10 +105,10 @@ class ClientStep:
         out = self.step(params, momenta, inputs)
         return cast(tuple[Tensors, Tensors, Tensor, Tensors], out)
 
-    def _mapped(self, params: Tensors, inputs: StepInputs, direction: bool = False) -> Any:
-        """Every client's ``local_loss`` (losses ``[S, C]``, parts), or with ``direction`` its ``client_direction``
-        (directions ``[S, C, ...]`` in the weights' dtype, by the backbone's names; losses; parts)."""
-        module, low, s, c = self._module, self.low, self.seeds, self.clients
+    def _one_client(self, direction: bool) -> Callable[..., Any]:
+        """One client's ``local_loss`` (or ``client_direction``) at its weights, tensors, loss weights, facts, batch
+        and its federation's broadcast weights: the function the engines map."""
+        module, low = self._module, self.low
 
         def one_client(p: Tensors, tensors: Tensors, weights: Tensors, facts: Tensors, xb: Tensor, yb: Tensor,
                        sent: Tensors) -> Any:
@@ -116,6 +121,14 @@ class ClientStep:
                 return functional_call(module, p, (tensors, facts, xb, yb, sent))
             d, loss, parts = functional_call(module, p, (tensors, facts, xb, yb, sent), {"direction": True})
             return {name: g.to(dtypes[name]) for name, g in d.items()}, loss, parts
+
+        return one_client
+
+    def _mapped(self, params: Tensors, inputs: StepInputs, direction: bool = False) -> Any:
+        """Every client's ``local_loss`` (losses ``[S, C]``, parts), or with ``direction`` its ``client_direction``
+        (directions ``[S, C, ...]`` in the weights' dtype, by the backbone's names; losses; parts)."""
+        s, c = self.seeds, self.clients
+        one_client = self._one_client(direction)
 
         def per_seed(*args: Any) -> Any:
             return vmap(one_client, in_dims=(0, 0, 0, 0, 0, 0, None))(*args)
@@ -157,3 +170,50 @@ class ClientStep:
             grads = clipped(grads, self.max_norm)
         new_params, new_momenta = sgd_update(params, grads, momenta, inputs.lr, self.momentum, self.weight_decay)
         return new_params, new_momenta, losses, parts
+
+    def masked(self, params: Tensors, momenta: Tensors, inputs: StepInputs, mask: RoundMask, step: int,
+               seed_of: Tensor) -> tuple[Tensors, Tensors, Tensor, Tensors, Tensor]:
+        """Stacked step ``step`` of a round under a step mask (``fedrcl.federated.step_mask``), eager: ``inputs.x``
+        and ``inputs.y`` are the stepping clients' batches concatenated group after group; each group's clients are
+        mapped (one ``vmap`` over the group, each with its federation's broadcast weights: ``seed_of[n]``, the
+        federation of client ``n``); the gradient reaches the stepping clients' slices alone; clip and SGD as
+        ``_step``; the clients that do not step keep their weights and momenta exactly. Returns the new weights and
+        momenta, the stepping clients' losses and parts (group after group) and their positions."""
+        groups, indices = mask.groups[step], mask.index[step]
+        chunks = split_groups(inputs.x, inputs.y, groups)
+        own_step = changes_step(self.algorithm)
+        mapped = vmap(self._one_client(own_step), randomness="error")
+
+        def outputs(weights: Tensors) -> list[Any]:
+            outs = []
+            for index, (xg, yg) in zip(indices, chunks):
+                select = lambda tensors: {k: t.index_select(0, index) for k, t in tensors.items()}  # noqa: E731
+                sent = {k: g.index_select(0, seed_of.index_select(0, index)) for k, g in inputs.global_state.items()}
+                prefixed = {f"algorithm.backbone.{k}": w for k, w in select(weights).items()}
+                outs.append(mapped(prefixed, select(inputs.client_tensors), select(inputs.weights),
+                                   select(inputs.facts), xg, yg, sent))
+            return outs
+
+        if own_step:
+            outs = outputs(params)
+            grads = {name: torch.zeros_like(p) for name, p in params.items()}
+            for index, (d, _, _) in zip(indices, outs):
+                for name, g in d.items():
+                    grads[name.removeprefix("algorithm.backbone.")].index_copy_(0, index, g)
+            outs = [out[1:] for out in outs]
+        else:
+            with torch.enable_grad():
+                leaves = {name: p.detach().requires_grad_() for name, p in params.items()}
+                outs = outputs(leaves)
+                total = torch.stack([losses.sum() for losses, _ in outs]).sum()
+                grads = dict(zip(leaves, torch.autograd.grad(total, list(leaves.values()))))
+            outs = [(losses.detach(), {k: v.detach() for k, v in parts.items()}) for losses, parts in outs]
+        if self.max_norm is not None:
+            grads = clipped(grads, self.max_norm)
+        new_params, new_momenta = sgd_update(params, grads, momenta, inputs.lr, self.momentum, self.weight_decay)
+        stepping = mask.stepping[step]
+        new_params = {name: keep(p, params[name], stepping) for name, p in new_params.items()}
+        new_momenta = {name: keep(b, momenta[name], stepping) for name, b in new_momenta.items()}
+        losses = torch.cat([loss for loss, _ in outs])
+        parts = {k: torch.cat([p[k] for _, p in outs]) for k in outs[0][1]}
+        return new_params, new_momenta, losses, parts, torch.cat(indices)

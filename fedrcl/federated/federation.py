@@ -12,7 +12,8 @@ non-finite summed loss or non-finite weights, or non-finite new global weights, 
 round's checkpoint (``divergence``).
 
 With ``trainer.client_batching`` the round's clients train together instead (``fedrcl.federated.batched``):
-the stream has one stacked batch per local step, and ``StackedClients`` starts and ends every client's run.
+the stream has one stacked batch per local step (as many as the longest client's steps: clients that finish
+sooner are masked, ``fedrcl.federated.step_mask``), and ``StackedClients`` starts and ends every client's run.
 
 With several processes (``fedrcl.federated.strategy.FederatedStrategy``, which ``FederatedTrainer`` picks
 for ``ddp`` or ``auto``) each process trains its share of the round's sampled clients
@@ -176,7 +177,7 @@ class Federation(L.Callback):
             self._plan = RoundPlan.of_clients(round_idx, mine, dm.client_num_samples, dm.client_steps_per_epoch,
                                               self.local_epochs, self.seed)
             device = trainer.strategy.root_device
-            batched = self.batching.applies(trainer.lightning_module, self._plan, dm, device)
+            batched = self.batching.applies(trainer.lightning_module, self._plan, device)
             self._plan = dataclasses.replace(self._plan, batched=batched)
         return self._plan
 
@@ -201,11 +202,14 @@ class Federation(L.Callback):
         if slot.step == 0:
             if plan.batched:
                 self._runs = self._clients
-                StackedClients(trainer, pl_module, self._runs, self.batching)  # starts them
+                sizes = [self.datamodule.client_batch_sizes(k, plan.local_epochs) for k in plan.client_ids]
+                StackedClients(trainer, pl_module, self._runs, self.batching, sizes)  # starts them
             else:
                 self._runs = [self._clients[slot.position]]
                 self._runs[0].start()
-        if slot.first_step_of_epoch:
+        if plan.batched:  # under a step mask, the finished clients' weights are kept (``step_mask``)
+            self._stack(pl_module).begin_step(batch_idx)
+        if slot.first_step_of_epoch:  # batched: the longest client's epochs (every client's lr: ``applies``)
             self._runs[0].set_lr(trainer.optimizers, slot.local_epoch)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -216,19 +220,25 @@ class Federation(L.Callback):
         loss = outputs.get("local_loss", outputs.get("loss")) if isinstance(outputs, Mapping) else outputs
         if isinstance(loss, torch.Tensor):  # summed on the device; checked once per client, at its end
             self._runs[0].add_loss(loss)  # batched: the stack's summed loss, checked with each of its clients
-        if plan.batched:  # one step of every client: Lightning's global_step counts client steps everywhere
-            count_client_steps(trainer, len(self._runs) - 1)
+        if plan.batched:  # one step of each client that stepped: global_step counts client steps everywhere
+            stack = self._stack(pl_module)
+            stack.end_step()
+            count_client_steps(trainer, len(stack) - 1)
         if not slot.last_step_of_client:
             return
-        if plan.batched:  # every client of the stack ends at this step
-            stack = client_algorithm(pl_module).stack
-            assert isinstance(stack, StackedClients)  # set by StackedClients at the round's first step
+        if plan.batched:  # every client of the stack ends at the longest one's last step
             stack.finish(lambda run, result: self._fold(trainer, pl_module, run, result))
         else:
             self._fold(trainer, pl_module, self._runs[0], self._runs[0].end())
         self._runs = []
         if batch_idx == plan.total_steps - 1:
             self._finish_round(trainer, pl_module)
+
+    @staticmethod
+    def _stack(pl_module: L.LightningModule) -> StackedClients:
+        stack = client_algorithm(pl_module).stack
+        assert isinstance(stack, StackedClients)  # set by StackedClients at the round's first step
+        return stack
 
     def _fold(self, trainer: L.Trainer, pl_module: L.LightningModule, run: ClientRun, result: ClientResult) -> None:
         """A client has finished (its weights are in the backbone): the round callbacks' ``on_client_end``,

@@ -20,10 +20,14 @@ teacher, a proximal anchor, class prototypes) must be the same in every seed. Be
 each other seed's loss on its first batch is computed with its own algorithm object and with the first seed's;
 if they differ, the seeds part: in the first round before anything is written (the seeds then train one after
 another), later with every seed checkpointed after its last round, to go on alone (``--ckpt_path last``).
+Clients that differ in step count or batch sizes (``data.local_iters_per_epoch: null`` with clients of different
+sizes; each seed's split has its own) train stacked under a step mask (``fedrcl.federated.step_mask``): the round
+has as many steps as its longest client, each client steps at its own lr (``client_lr`` of its own local epoch)
+until it has finished and then keeps its weights and momenta (``ClientStep.masked``).
 What cannot be stacked at all falls back before the first round, with a notice: a method that cannot train
-batched (``batched.unbatchable``), clients with different step counts, a method that changes the step
-itself (``OWN_STEP``: the stacked step is ``local_loss``, per-client clipping and SGD, and calls no Lightning
-hook per step), several devices.
+batched (``batched.unbatchable``), a method that overrides Lightning's step (``OWN_STEP``: the stacked step is
+the method's ``local_loss`` or ``client_direction``, per-client clipping and SGD, and calls no Lightning hook
+per step), several devices.
 """
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ from fedrcl.federated.driven import DrivenRun, not_run, open_run
 from fedrcl.federated.run_folder import hold_run_folders
 from fedrcl.federated.round import ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
+from fedrcl.federated.step_mask import RoundMask, client_epochs, client_rows, masked_batch, uniform
 
 MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 # What a method may not override to train on the stacked step: the step is ``local_loss``, per-client clipping
@@ -166,10 +171,6 @@ class Cohort:
                               "precision)")
         for run, path in zip(self.seeds, paths):
             run.next_round, run.steps = open_run(run.trainer, run.module, run.cli.datamodule, path)
-            dm = run.cli.datamodule  # set up now: its clients are known
-            if dm.local_iters_per_epoch is None and len({dm.client_num_samples(k) for k in range(dm.num_clients)}) > 1:
-                raise NotTogether(f"{run.label}: data.local_iters_per_epoch is null and the clients differ in "
-                                  "size (they take different steps and end on batches of different sizes)")
         sizes = {r.cli.datamodule.batch_size for r in self.seeds}
         if len(sizes) > 1:
             raise NotTogether(f"the runs' batch sizes differ ({sorted(sizes)}: data.batch_size null with "
@@ -274,6 +275,8 @@ class Cohort:
         """The round's local steps of every client of every seed; returns each client's summed loss."""
         first = active[0]
         step = self._step(first, len(active), stacked.clients)
+        if stacked.mask is not None:
+            return self._train_masked(active, rounds, stacked, batches, step)
         plan_steps = stacked.runs[0][0].client.num_steps
         lr = torch.tensor([[run.module.client_lr(r.round_idx, epoch) for run, r in zip(active, rounds)
                             for _ in range(stacked.clients)] for epoch in range(first.trainer.federation.local_epochs)],
@@ -300,6 +303,46 @@ class Cohort:
                 part_sums[name] = part_sums[name] + value if name in part_sums else value.clone()
         stacked.params, stacked.part_sums = params, part_sums
         assert loss_sums is not None  # a round has steps
+        return loss_sums
+
+    def _train_masked(self, active: list[SeedRun], rounds: list[ServerRound], stacked: "StackedSeeds",
+                      batches: Iterator[tuple[Tensor, Tensor]], step: ClientStep) -> Tensor:
+        """``_train`` under a step mask (``fedrcl.federated.step_mask``): each client at its own local epoch's lr;
+        a step where every client steps with one batch size is the plain stacked step, the others
+        ``ClientStep.masked``; each client's losses summed over its own steps."""
+        mask, n = stacked.mask, len(stacked.seed_of)
+        assert mask is not None
+        first = active[0]
+        epochs = client_epochs(stacked.steps_per_epoch, first.trainer.federation.local_epochs)
+        lr_of = [(run.module, r.round_idx) for run, r in zip(active, rounds) for _ in range(stacked.clients)]
+        lr = torch.tensor([[float(lr_of[k][0].client_lr(lr_of[k][1], at.get(k, 0))) for k in range(n)]
+                           for at in epochs], dtype=torch.float64, device=stacked.device)
+        params, momenta = stacked.params, stacked.momenta
+        loss_sums = torch.zeros(n, dtype=next(iter(params.values())).dtype, device=stacked.device)
+        part_sums: dict[str, Tensor] = {}
+        for t in range(len(mask)):
+            x, y = next(batches)
+            if mask.full(t):  # every client steps with one batch size: the concatenation is the stack
+                x, y = x.unflatten(0, (n, -1)), y.unflatten(0, (n, -1))
+                if stacked.device.type == "cuda":
+                    torch.compiler.cudagraph_mark_step_begin()
+            inputs = StepInputs(x, y, lr[t], stacked.client_tensors, stacked.facts, stacked.global_state,
+                                stacked.weights)
+            before = None if self._checked_loss else dict(vars(first.module))
+            if mask.full(t):
+                params, momenta, losses, parts = step(params, momenta, inputs)
+                positions = torch.arange(n, device=stacked.device)
+            else:
+                params, momenta, losses, parts, positions = step.masked(params, momenta, inputs, mask, t,
+                                                                        stacked.seed_of)
+            if before is not None:  # the first step: a loss that stored something is refused, as batched
+                refuse_stored_attributes(first.module, before)
+                self._checked_loss = True
+            loss_sums = loss_sums.index_add(0, positions, losses.to(loss_sums.dtype))
+            for name, value in parts.items():
+                total = part_sums.get(name, torch.zeros_like(loss_sums))
+                part_sums[name] = total.index_add(0, positions, value.to(total.dtype))
+        stacked.params, stacked.part_sums = params, part_sums
         return loss_sums
 
     def _step(self, first: SeedRun, seeds: int, clients: int) -> ClientStep:
@@ -347,7 +390,7 @@ class Cohort:
         """Seed ``s``'s round ends as ``fedrcl fit`` ends it (``DrivenRun.end_round``), with its clients' steps and
         summed losses."""
         clients = stacked.clients
-        steps = clients * stacked.runs[s][0].client.num_steps
+        steps = sum(client.client.num_steps for client in stacked.runs[s])
         mine = slice(s * clients, (s + 1) * clients)
         sums = {"loss": loss_sums[mine].sum(), **{f"loss_{k}": v[mine].sum() for k, v in stacked.part_sums.items()}}
         run.end_round(steps, {f"train/{k}": float(v) / steps for k, v in sums.items()}, seconds, accuracies)
@@ -483,17 +526,31 @@ class StackedSeeds:
         self.facts = {name: torch.tensor([getattr(c.client, name) for c in every], device=self.device)
                       for name in CLIENT_FACTS}
         self.part_sums: dict[str, Tensor] = {}
+        # Clients that differ in steps or batch sizes: the round's step mask (``fedrcl.federated.step_mask``)
+        sizes = [run.cli.datamodule.client_batch_sizes(c.client.client_id, c.client.local_epochs)
+                 for run, clients in zip(active, runs) for c in clients]
+        self.mask = None if uniform(sizes) else RoundMask(sizes, self.device)
+        self.steps_per_epoch = [run.cli.datamodule.client_steps_per_epoch(c.client.client_id)
+                                for run, clients in zip(active, runs) for c in clients]
+        self.seed_of = torch.tensor([s for s in range(len(runs)) for _ in range(self.clients)], device=self.device)
 
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Each step's batches of every client, seed after seed ``[seeds * clients, B, ...]``: each seed's from
         its own (seed, round, client) streams, converted to its run's precision."""
+        convert = self.active[0].trainer.precision_plugin.convert_input
+        if self.mask is not None:  # per step the stepping clients' batches, concatenated in the mask's groups
+            own = [run.cli.datamodule.client_batches(c.client.client_id, c.client.round_idx, c.client.local_epochs,
+                                                     c.client.seed) for run, clients in zip(self.active, self.runs)
+                   for c in clients]
+            for groups, each in zip(self.mask.groups, itertools.zip_longest(*own), strict=True):
+                yield convert(masked_batch(each, groups))
+            return
         streams = []
         for run, clients in zip(self.active, self.runs):
             client = clients[0].client
             streams.append(run.cli.datamodule.stacked_client_batches(
                 tuple(c.client.client_id for c in clients), client.round_idx,
                 run.trainer.federation.local_epochs, client.seed))
-        convert = self.active[0].trainer.precision_plugin.convert_input
         for parts in zip(*streams):
             x, y = convert((torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])))
             yield x, y
@@ -507,13 +564,12 @@ class StackedSeeds:
         for s, run in enumerate(self.active[1:], start=1):
             n = (s + 1) * self.clients - 1
             params = {f"algorithm.backbone.{k}": p[n] for k, p in self.params.items()}
+            xn, yn = (x[n], y[n]) if self.mask is None else client_rows(x, y, self.mask.groups[0], n)
             if low is not None:
-                params, xn = {k: p.to(low) for k, p in params.items()}, x[n].to(low)
-            else:
-                xn = x[n]
+                params, xn = {k: p.to(low) for k, p in params.items()}, xn.to(low)
             weights = {k: w[n] if low is None else w[n].to(low) for k, w in self.weights.items()}
             inputs = ({**{k: t[n] for k, t in self.client_tensors.items()}, **weights},
-                      {k: f[n] for k, f in self.facts.items()}, xn, y[n], {k: g[s] for k, g in self.global_state.items()})
+                      {k: f[n] for k, f in self.facts.items()}, xn, yn, {k: g[s] for k, g in self.global_state.items()})
             with torch.no_grad():
                 mine = functional_call(LocalLoss(run.module), params, inputs)
                 stacked = functional_call(LocalLoss(own_loss), params, inputs)
