@@ -96,20 +96,19 @@ def train_scalars(save_dir, seed):
     return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"] if tag.startswith("train/")}
 
 
-def fits(data_root, tmp_path, capsys, caplog, model, *extra, seed_list=("0",), together=True):
-    """The same runs sequential (``fedrcl fit``, clients one after another), batched, and (``together``) seeds
-    trained together; asserts no fallback; returns the folders."""
+def fits(data_root, tmp_path, capsys, caplog, model, *extra, seed_list=("0",)):
+    """The same runs sequential (``fedrcl fit``, clients one after another; seeds ``seed_list``), batched (seed 0),
+    and seeds 0 and 1 trained together; asserts no fallback; returns the folders."""
     caplog.set_level("INFO")
     common = (*UNEQUAL, *extra)
-    runs = {"seq": ("--trainer.client_batching", "off"), "batched": ("--trainer.client_batching", "on")}
-    for name, batching in runs.items():
-        seeds.main(["--seeds", *seed_list,
-                    *args(data_root, tmp_path / name, *common, *batching, rounds=2, model=model)])
+    runs = {"seq": ("off", seed_list), "batched": ("on", ("0",))}
+    for name, (batching, which) in runs.items():
+        seeds.main(["--seeds", *which, *args(data_root, tmp_path / name, *common, "--trainer.client_batching",
+                                             batching, rounds=2, model=model)])
     assert FALLBACK not in caplog.text  # batched, every round
-    if together:
-        seeds.main(["--seeds", "0", "1", "--together",
-                    *args(data_root, tmp_path / "together", *common, rounds=2, model=model)])
-        assert "--together:" not in capsys.readouterr().out  # trained together
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "together", *common, rounds=2,
+                                                         model=model)])
+    assert "--together:" not in capsys.readouterr().out  # trained together
     return tmp_path / "seq", tmp_path / "batched", tmp_path / "together"
 
 
