@@ -1,4 +1,4 @@
-"""The step mask (``fedrcl.federated.step_mask``): clients with different step counts and batch sizes train stacked
+"""The step mask (``fedrcl.contract.step_mask``): clients with different step counts and batch sizes train stacked
 (batched clients, seeds together), each equal to its clients one after another."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedrcl import seeds
-from fedrcl.federated.step_mask import (RoundMask, StepGroup, client_batch_sizes, client_epochs, client_rows, keep,
+from fedrcl.contract.step_mask import (RoundMask, StepGroup, client_batch_sizes, client_epochs, client_rows, keep,
                                         masked_batch, shared_lrs, split_groups, step_groups, uniform)
 from test_together import args, last, relative_difference
 

@@ -7,6 +7,8 @@ Flower) lives here and imports nothing else of fedrcl:
 - ``context``: ``ClientContext``, one client's facts in a round, and ``ClientData``, its own data;
 - ``exchange``: the hooks a method exchanges besides the weights, and their check before training;
 - ``plan``: ``RoundPlan``, which clients a process trains in a round and their steps;
+- ``step_mask``: clients with different step counts on one stacked axis (which step when, on which batch size),
+  shared by the data's stacked batches and both stacked engines;
 - ``processes``: sums and gathers over the processes a run spans;
 - ``weights``: loading and copying a model's weights;
 - ``protocols``: batched clients as a method sees them.

@@ -35,7 +35,7 @@ class RoundPlan:
         seed: the federation's seed (with the round and the client it fixes batches and augmentation).
         batched: the clients train together (``fedrcl.federated.batched``): the stream has one stacked batch
             per local step, every client's step at once (clients with fewer steps masked once they finish:
-            ``fedrcl.federated.step_mask``), and ``locate`` reports the longest client's slots (position 0's
+            ``fedrcl.contract.step_mask``), and ``locate`` reports the longest client's slots (position 0's
             where all take the same steps).
     """
 

@@ -12,7 +12,7 @@ class ClientStack(Protocol):
 
     def __len__(self) -> int:
         """How many clients take the current step (all of the round's, unless some have finished their steps:
-        ``fedrcl.federated.step_mask``)."""
+        ``fedrcl.contract.step_mask``)."""
         ...
 
     def losses(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:

@@ -24,7 +24,7 @@ from fedrcl.data.validation import hold_out
 from fedrcl.data.split_file import (SplitFile, authors_split_name, check_labels, check_split, label_fingerprint,
                                      read_split_file, write_split)
 from fedrcl.contract.plan import RoundPlan
-from fedrcl.federated.step_mask import client_batch_sizes, masked_batch, step_groups, uniform
+from fedrcl.contract.step_mask import client_batch_sizes, masked_batch, step_groups, uniform
 
 Partition = Literal["dirichlet", "dirichlet_unbalanced", "shards", "iid", "natural"]
 

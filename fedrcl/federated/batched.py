@@ -10,7 +10,7 @@ One Lightning step is one local step of every client; batches come stacked from
 ``FederatedDataModule.stacked_client_batches`` (each client's from its own (seed, round, client) stream).
 
 Clients that differ in step count or batch sizes (``data.local_iters_per_epoch: null`` with clients of different
-sizes) train stacked under a step mask (``fedrcl.federated.step_mask``): the round has as many steps as its
+sizes) train stacked under a step mask (``fedrcl.contract.step_mask``): the round has as many steps as its
 longest client; at each step the clients that step are grouped by batch size, each group's loss mapped over its
 own slices of the stacked weights on its real batches, and the clients that have finished keep their weights and
 SGD momenta exactly (restored after the optimizer's step, which would apply weight decay and momentum to them).
@@ -46,7 +46,7 @@ from torch.func import functional_call, vmap
 
 from fedrcl.contract.plan import RoundPlan
 from fedrcl.federated.round import ClientResult, ClientRun
-from fedrcl.federated.step_mask import RoundMask, keep, shared_lrs, split_groups, uniform
+from fedrcl.contract.step_mask import RoundMask, keep, shared_lrs, split_groups, uniform
 
 if TYPE_CHECKING:
     import fedrcl.algorithms.fedavg
@@ -330,7 +330,7 @@ class StackedClients:
     there, stacks the broadcast weights and points the optimizer's parameter group at them (its state
     cleared: every client's optimizer starts fresh), and hands itself to the algorithm (``algorithm.stack``).
     ``sizes`` (each client's batch size per step, ``FederatedDataModule.client_batch_sizes``) that differ between
-    clients put the round under a step mask (``fedrcl.federated.step_mask``; the module docstring): the round
+    clients put the round under a step mask (``fedrcl.contract.step_mask``; the module docstring): the round
     loop calls ``begin_step`` before each step and ``end_step`` after the optimizer's. ``finish`` puts the
     module's parameters back and, for each client in turn, loads its weights into the backbone and ends its run,
     in client order as the sequential loop does.
@@ -369,7 +369,7 @@ class StackedClients:
         pl_module.stack = self
 
     def __len__(self) -> int:
-        """How many clients take the current step (all, unless some have finished: ``fedrcl.federated.step_mask``)."""
+        """How many clients take the current step (all, unless some have finished: ``fedrcl.contract.step_mask``)."""
         return len(self.runs) if self.mask is None else self.mask.count[self.step]
 
     def _masked(self) -> bool:

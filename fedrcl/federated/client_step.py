@@ -13,7 +13,7 @@ lr), written out so that the whole step is one function of tensors: ``torch.comp
 one graph, with nothing that waits for the device inside it.
 
 Clients that differ in step count or batch sizes take ``masked``: the step of a round under a step mask
-(``fedrcl.federated.step_mask``), where only some clients step, grouped by batch size; it runs eagerly (its
+(``fedrcl.contract.step_mask``), where only some clients step, grouped by batch size; it runs eagerly (its
 groups change shape from step to step), and a client that has finished keeps its weights and momenta exactly.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedrcl.algorithms.fedavg import changes_step
 from fedrcl.federated.batched import LocalLoss, clip_coefficients
-from fedrcl.federated.step_mask import RoundMask, keep, split_groups
+from fedrcl.contract.step_mask import RoundMask, keep, split_groups
 
 if TYPE_CHECKING:
     import fedrcl.algorithms.fedavg
@@ -173,7 +173,7 @@ class ClientStep:
 
     def masked(self, params: Tensors, momenta: Tensors, inputs: StepInputs, mask: RoundMask, step: int,
                seed_of: Tensor) -> tuple[Tensors, Tensors, Tensor, Tensors, Tensor]:
-        """Stacked step ``step`` of a round under a step mask (``fedrcl.federated.step_mask``), eager: ``inputs.x``
+        """Stacked step ``step`` of a round under a step mask (``fedrcl.contract.step_mask``), eager: ``inputs.x``
         and ``inputs.y`` are the stepping clients' batches concatenated group after group; each group's clients are
         mapped (one ``vmap`` over the group, each with its federation's broadcast weights: ``seed_of[n]``, the
         federation of client ``n``); the gradient reaches the stepping clients' slices alone; clip and SGD as

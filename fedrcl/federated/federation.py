@@ -13,7 +13,7 @@ round's checkpoint (``divergence``).
 
 With ``trainer.client_batching`` the round's clients train together instead (``fedrcl.federated.batched``):
 the stream has one stacked batch per local step (as many as the longest client's steps: clients that finish
-sooner are masked, ``fedrcl.federated.step_mask``), and ``StackedClients`` starts and ends every client's run.
+sooner are masked, ``fedrcl.contract.step_mask``), and ``StackedClients`` starts and ends every client's run.
 
 With several processes (``fedrcl.federated.strategy.FederatedStrategy``, which ``FederatedTrainer`` picks
 for ``ddp`` or ``auto``) each process trains its share of the round's sampled clients

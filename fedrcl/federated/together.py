@@ -21,7 +21,7 @@ each other seed's loss on its first batch is computed with its own algorithm obj
 if they differ, the seeds part: in the first round before anything is written (the seeds then train one after
 another), later with every seed checkpointed after its last round, to go on alone (``--ckpt_path last``).
 Clients that differ in step count or batch sizes (``data.local_iters_per_epoch: null`` with clients of different
-sizes; each seed's split has its own) train stacked under a step mask (``fedrcl.federated.step_mask``): the round
+sizes; each seed's split has its own) train stacked under a step mask (``fedrcl.contract.step_mask``): the round
 has as many steps as its longest client, each client steps at its own lr (``client_lr`` of its own local epoch)
 until it has finished and then keeps its weights and momenta (``ClientStep.masked``).
 What cannot be stacked at all falls back before the first round, with a notice: a method that cannot train
@@ -57,7 +57,7 @@ from fedrcl.federated.driven import DrivenRun, not_run, open_run
 from fedrcl.federated.run_folder import hold_run_folders
 from fedrcl.federated.round import ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
-from fedrcl.federated.step_mask import RoundMask, client_epochs, client_rows, masked_batch, uniform
+from fedrcl.contract.step_mask import RoundMask, client_epochs, client_rows, masked_batch, uniform
 
 MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 # What a method may not override to train on the stacked step: the step is ``local_loss``, per-client clipping
@@ -307,7 +307,7 @@ class Cohort:
 
     def _train_masked(self, active: list[SeedRun], rounds: list[ServerRound], stacked: "StackedSeeds",
                       batches: Iterator[tuple[Tensor, Tensor]], step: ClientStep) -> Tensor:
-        """``_train`` under a step mask (``fedrcl.federated.step_mask``): each client at its own local epoch's lr;
+        """``_train`` under a step mask (``fedrcl.contract.step_mask``): each client at its own local epoch's lr;
         a step where every client steps with one batch size is the plain stacked step, the others
         ``ClientStep.masked``; each client's losses summed over its own steps."""
         mask, n = stacked.mask, len(stacked.seed_of)
@@ -526,7 +526,7 @@ class StackedSeeds:
         self.facts = {name: torch.tensor([getattr(c.client, name) for c in every], device=self.device)
                       for name in CLIENT_FACTS}
         self.part_sums: dict[str, Tensor] = {}
-        # Clients that differ in steps or batch sizes: the round's step mask (``fedrcl.federated.step_mask``)
+        # Clients that differ in steps or batch sizes: the round's step mask (``fedrcl.contract.step_mask``)
         sizes = [run.cli.datamodule.client_batch_sizes(c.client.client_id, c.client.local_epochs)
                  for run, clients in zip(active, runs) for c in clients]
         self.mask = None if uniform(sizes) else RoundMask(sizes, self.device)

@@ -99,8 +99,8 @@ def split_groups(x: Tensor, y: Tensor, groups: Sequence[StepGroup]) -> list[tupl
     samples = sum(len(g.positions) * g.batch_size for g in groups)
     views = y.shape[0] // samples
     lengths = [len(g.positions) * g.batch_size * views for g in groups]
-    return [(xg.unflatten(0, (len(g.positions), -1)), yg.unflatten(0, (len(g.positions), -1)))
-            for g, xg, yg in zip(groups, x.split(lengths), y.split(lengths))]
+    return [(xg.reshape(len(g.positions), -1, *xg.shape[1:]), yg.reshape(len(g.positions), -1, *yg.shape[1:]))
+            for g, xg, yg in zip(groups, torch.split(x, lengths), torch.split(y, lengths))]
 
 
 def client_rows(x: Tensor, y: Tensor, groups: Sequence[StepGroup], position: int) -> tuple[Tensor, Tensor]:
