@@ -112,6 +112,23 @@ def client_rows(x: Tensor, y: Tensor, groups: Sequence[StepGroup], position: int
     raise ValueError(f"client {position} takes no step here")
 
 
+def scattered(like: dict[str, Tensor], indices: Sequence[Tensor], directions: Sequence[dict[str, Tensor]]
+              ) -> dict[str, Tensor]:
+    """A masked step's directions on the whole client axis: each group's (``directions[g]``, by the names of
+    ``like``) in its clients' slices (``indices[g]``), zero for the clients that do not step."""
+    out = {name: torch.zeros_like(t) for name, t in like.items()}
+    for index, group in zip(indices, directions):
+        for name, d in group.items():
+            out[name].index_copy_(0, index, d.to(out[name].dtype))
+    return out
+
+
+def joined(outputs: Sequence[tuple[Tensor, dict[str, Tensor]]]) -> tuple[Tensor, dict[str, Tensor]]:
+    """A masked step's groups' losses and loss parts, concatenated group after group."""
+    losses = torch.cat([loss for loss, _ in outputs])
+    return losses, {k: torch.cat([parts[k] for _, parts in outputs]) for k in outputs[0][1]}
+
+
 class RoundMask:
     """One round's step mask on the device (see the module docstring): per stacked step its groups with their
     positions as index tensors, which clients step (``[K]`` booleans) and which do not (an index tensor)."""

@@ -46,7 +46,7 @@ from torch.func import functional_call, vmap
 
 from fedrcl.contract.plan import RoundPlan
 from fedrcl.federated.round import ClientResult, ClientRun
-from fedrcl.contract.step_mask import RoundMask, keep, shared_lrs, split_groups, uniform
+from fedrcl.contract.step_mask import RoundMask, joined, scattered, shared_lrs, split_groups, uniform
 
 if TYPE_CHECKING:
     import fedrcl.algorithms.fedavg
@@ -376,23 +376,25 @@ class StackedClients:
         return self.mask is not None and not self.mask.full(self.step)
 
     def begin_step(self, step: int) -> None:
-        """Before stacked step ``step``: under a mask where some clients have finished, keep a copy of the weights
-        and momenta that the optimizer's step would change for them (weight decay, momentum)."""
+        """Before stacked step ``step``: under a mask where some clients have finished, keep a copy of their slices
+        of the weights and momenta, which the optimizer's step would change (weight decay, momentum)."""
         self.step = step
-        if not self._masked():
+        if self.mask is None or self.mask.count[step] == self.mask.num_clients:
             return
+        idle = self.mask.idle[step]
         state = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p in self.params.values()]
-        self._before = [(t, t.detach().clone()) for t in [*self.params.values(), *state] if t is not None]
+        self._before = [(t, t.detach().index_select(0, idle)) for t in [*self.params.values(), *state]
+                        if t is not None]
 
     @torch.no_grad()
     def end_step(self) -> None:
-        """After the optimizer's step: the finished clients' weights and momenta put back exactly (``keep``)."""
+        """After the optimizer's step: the finished clients' slices of the weights and momenta put back exactly."""
         if not self._before:
             return
         assert self.mask is not None  # begin_step kept them
-        stepping = self.mask.stepping[self.step]
+        idle = self.mask.idle[self.step]
         for tensor, before in self._before:
-            tensor.copy_(keep(tensor, before, stepping))
+            tensor.index_copy_(0, idle, before)
         self._before = []
 
     def _mapped(self, params: dict[str, Tensor], client_tensors: dict[str, Tensor], facts: dict[str, Tensor],
@@ -432,15 +434,9 @@ class StackedClients:
             select = lambda tensors: {k: t.index_select(0, index) for k, t in tensors.items()}  # noqa: E731
             outs.append(self._mapped(select(self.params), select(self.client_tensors), select(self.facts), xg, yg,
                                      direction, eager=True))
-        if direction:
-            directions = {name: torch.zeros_like(p) for name, p in self.params.items()}
-            for index, (d, _, _) in zip(indices, outs):
-                for name, g in d.items():
-                    directions[name].index_copy_(0, index, g.to(directions[name].dtype))
-            outs = [out[1:] for out in outs]
-        losses = torch.cat([loss for loss, _ in outs])
-        parts = {k: torch.cat([p[k] for _, p in outs]) for k in outs[0][1]}
-        return (directions, losses, parts) if direction else (losses, parts)
+        if not direction:
+            return joined(outs)
+        return (scattered(self.params, indices, [d for d, _, _ in outs]), *joined([out[1:] for out in outs]))
 
     def directions(self, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
         """Each client's ``client_direction`` on its batch of the stacked one: directions ``[K, ...]``, losses

@@ -28,7 +28,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedrcl.algorithms.fedavg import changes_step
 from fedrcl.federated.batched import LocalLoss, clip_coefficients
-from fedrcl.contract.step_mask import RoundMask, keep, split_groups
+from fedrcl.contract.step_mask import RoundMask, joined, keep, scattered, split_groups
 
 if TYPE_CHECKING:
     import fedrcl.algorithms.fedavg
@@ -196,10 +196,8 @@ class ClientStep:
 
         if own_step:
             outs = outputs(params)
-            grads = {name: torch.zeros_like(p) for name, p in params.items()}
-            for index, (d, _, _) in zip(indices, outs):
-                for name, g in d.items():
-                    grads[name.removeprefix("algorithm.backbone.")].index_copy_(0, index, g)
+            grads = scattered(params, indices, [{k.removeprefix("algorithm.backbone."): g for k, g in d.items()}
+                                                for d, _, _ in outs])
             outs = [out[1:] for out in outs]
         else:
             with torch.enable_grad():
@@ -214,6 +212,5 @@ class ClientStep:
         stepping = mask.stepping[step]
         new_params = {name: keep(p, params[name], stepping) for name, p in new_params.items()}
         new_momenta = {name: keep(b, momenta[name], stepping) for name, b in new_momenta.items()}
-        losses = torch.cat([loss for loss, _ in outs])
-        parts = {k: torch.cat([p[k] for _, p in outs]) for k in outs[0][1]}
+        losses, parts = joined(outs)
         return new_params, new_momenta, losses, parts, torch.cat(indices)
