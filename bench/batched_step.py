@@ -1,8 +1,9 @@
 """One local step of K clients: one after another, or batched on a client axis (vmap), on this device.
 
 The choice behind ``trainer.client_batching: auto``. Both do forward, backward, per-client gradient clip
-and SGD with weight decay for K clients of batch B (CIFAR shapes, cross-entropy); the batched step is
-``fedrcl.federated.batched``'s formulation (stacked weights, vmap over functional_call, one backward).
+and SGD with weight decay for K clients of batch B (CIFAR shapes, cross-entropy); the batched step is the
+stacked engine's formulation (``fedrcl.federated.client_step``: stacked weights, vmap over functional_call, one
+backward, its per-client ``clipped`` and ``sgd_update``).
 Alternating repeats in one process; prints the median seconds of each and ``batched_over_sequential``.
 
     python bench/batched_step.py [--device cpu] [--clients 5] [--batch 50] [--repeats 5]
@@ -18,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from fedrcl.federated.batched import clip_grad_norm_, stack_clients
+from fedrcl.federated.batched import stack_clients
+from fedrcl.federated.client_step import clipped, sgd_update
 from fedrcl.models import ResNet18, SmallCNN
 
 
@@ -30,14 +32,13 @@ def sequential_step(net, opt, xs, ys):
         opt.step()
 
 
-def batched_step(net, params, opt, xs, ys):
+def batched_step(net, state, lr, xs, ys):
     def one(p, x, y):
         return F.cross_entropy(functional_call(net, p, (x,)).logits, y)
 
-    opt.zero_grad()
-    vmap(one)(params, xs, ys).sum().backward()
-    clip_grad_norm_([p.grad for p in params.values()], 10.0)
-    opt.step()
+    leaves = {n: p.detach().requires_grad_() for n, p in state["params"].items()}
+    grads = torch.autograd.grad(vmap(one)(leaves, xs, ys).sum(), list(leaves.values()))
+    state["params"], _ = sgd_update(state["params"], clipped(dict(zip(leaves, grads)), 10.0), {}, lr, 0.0, 1e-3)
 
 
 def main() -> None:
@@ -53,11 +54,11 @@ def main() -> None:
     ys = torch.randint(0, 10, (k, args.batch), device=device)
     for name, build in (("SmallCNN", SmallCNN), ("ResNet-18 width 8", partial(ResNet18, width=8))):
         net = build(10).to(device)
-        params = {n: stack_clients(p.detach(), k).requires_grad_() for n, p in net.named_parameters()}
+        state = {"params": {n: stack_clients(p.detach(), k) for n, p in net.named_parameters()}}
+        lr = torch.full((k,), 0.01, device=device)
         seq_opt = torch.optim.SGD(net.parameters(), lr=0.01, weight_decay=1e-3)
-        bat_opt = torch.optim.SGD(list(params.values()), lr=0.01, weight_decay=1e-3)
         runs = {"sequential": lambda: sequential_step(net, seq_opt, xs, ys),
-                "batched": lambda: batched_step(net, params, bat_opt, xs, ys)}
+                "batched": lambda: batched_step(net, state, lr, xs, ys)}
         times = {key: [] for key in runs}
         for repeat in range(args.repeats + 1):
             for key, run in runs.items():

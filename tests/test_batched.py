@@ -8,7 +8,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import run_cli
-from fedrcl.federated.batched import ClientBatching, clip_grad_norm_, stack_clients
+from fedrcl.federated.batched import ClientBatching, stack_clients
 
 RESNET8 = ("--model.init_args.backbone", "fedrcl.models.ResNet18",
            "--model.init_args.backbone.init_args.width", "8")
@@ -88,20 +88,23 @@ def test_auto_is_sequential_on_cpu_and_bad_mode_is_an_error(data_root, tmp_path)
 
 
 def test_per_client_clip_matches_torch_clip():
+    from fedrcl.federated.client_step import clipped
+
     gen = torch.Generator().manual_seed(0)
-    grads = [torch.randn(3, 4, 5, generator=gen) * 3, torch.randn(3, 7, generator=gen)]
-    grads[0][1] *= 0.01  # client 1 below the threshold: left unchanged
-    clipped = [g.clone() for g in grads]
-    clip_grad_norm_(clipped, 5.0)
+    grads = {"w": torch.randn(3, 4, 5, generator=gen) * 3, "b": torch.randn(3, 7, generator=gen)}
+    grads["w"][1] *= 0.01  # client 1 below the threshold: left unchanged
+    grads["b"][1] *= 0.01
+    out = clipped(grads, 5.0)
     for k in range(3):
-        params = [torch.zeros_like(g[k], requires_grad=True) for g in grads]
-        for p, g in zip(params, grads):
+        params = [torch.zeros_like(g[k], requires_grad=True) for g in grads.values()]
+        for p, g in zip(params, grads.values()):
             p.grad = g[k].clone()
         torch.nn.utils.clip_grad_norm_(params, 5.0)
-        for got, p in zip(clipped, params):
-            torch.testing.assert_close(got[k], p.grad)
-    client0 = torch.cat([g[0].flatten() for g in clipped])
+        for name, p in zip(grads, params):
+            torch.testing.assert_close(out[name][k], p.grad)
+    client0 = torch.cat([g[0].flatten() for g in out.values()])
     assert torch.linalg.vector_norm(client0) == pytest.approx(5.0, rel=1e-5)
+    assert torch.equal(out["w"][1], grads["w"][1])
 
 
 def test_stack_clients_keeps_each_slice_in_the_memory_format():
@@ -129,46 +132,47 @@ def test_batched_step_runs_under_lightning_autocast(data_root, tmp_path, monkeyp
     assert losses["on"] == pytest.approx(losses["off"], rel=2e-2)  # bf16 rounding apart
 
 
-def test_compiled_batched_step_equals_eager(monkeypatch):
-    """torch.compile traces the whole mapped local loss (here with the cheap aot_eager backend, SmallCNN)."""
+def test_compiled_stacked_step_equals_eager(monkeypatch):
+    """torch.compile traces the whole stacked step (forward, the mapped local loss, backward, clip, SGD; here with
+    the cheap aot_eager backend, SmallCNN): the same new weights, losses and loss parts as the eager step."""
     from types import SimpleNamespace
 
     from fedrcl.algorithms import FedAvg
-    from fedrcl.federated import batched
     from fedrcl.contract.context import ClientContext
+    from fedrcl.federated import batched
+    from fedrcl.federated.client_step import ClientStep, StepInputs
     from fedrcl.models import SmallCNN
     from fedrcl.server import FedAvg as FedAvgServer
 
     torch.manual_seed(0)
     model = FedAvg(backbone=lambda c, i, s: SmallCNN(c, i, s, conv_padding=2), num_classes=10, in_channels=1,
-                   image_size=8)
+                   image_size=8, momentum=0.5)
     monkeypatch.setattr(FedAvg, "trainer", property(
         lambda self: SimpleNamespace(federation=SimpleNamespace(server=FedAvgServer()))))
-    monkeypatch.setattr(batched, "COMPILE_BACKEND", "aot_eager")
     sent = {k: v.detach().clone() for k, v in model.backbone.state_dict().items()}
-    model.on_client_start = lambda client: None
     model.client, model._params = ClientContext(0, 0, 10, 1, 0, sent), dict(model.backbone.named_parameters())
     x, y = torch.randn(3, 8, 1, 8, 8), torch.randint(0, 10, (3, 8))
+    facts = {name: torch.arange(3) for name in batched.CLIENT_FACTS}
+    inputs = StepInputs(x, y, torch.full((3,), 0.1), {}, facts, {k: v.unsqueeze(0) for k, v in sent.items()})
 
     def step(compile):
-        params = {n: stack_clients(p.detach(), 3).requires_grad_() for n, p in model.backbone.named_parameters()}
-        facts = {name: torch.arange(3) for name in batched.CLIENT_FACTS}
-        losses, parts = ClientBatching("on", compile=compile).losses(model, params, {}, facts, x, y)
-        losses.sum().backward()
-        return losses, parts["ce"], [p.grad for p in params.values()]
+        params = {n: stack_clients(p.detach(), 3) for n, p in model.backbone.named_parameters()}
+        momenta = {n: torch.zeros_like(p) for n, p in params.items()}
+        return ClientStep(model, 1, 3, compile=compile)(params, momenta, inputs)
 
-    eager, compiled = step(False), step(True)
-    torch.testing.assert_close(compiled[0], eager[0])
-    torch.testing.assert_close(compiled[1], eager[1])
-    for a, b in zip(compiled[2], eager[2]):
-        torch.testing.assert_close(a, b)
+    eager, compiled = step(None), step({"backend": "aot_eager"})
+    for a, b in zip(compiled[:2], eager[:2]):
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], msg=name)
+    torch.testing.assert_close(compiled[2], eager[2])
+    torch.testing.assert_close(compiled[3]["ce"], eager[3]["ce"])
     assert model._params["fc.weight"] is model.backbone.fc.weight  # the mapped call put it back
 
 
 def test_compiled_batched_loss_is_one_graph_over_rounds(data_root, tmp_path, monkeypatch):
-    """The mapped loss with each client's own facts (``self.client`` rebuilt per slice) compiles to one graph:
-    no graph break, no recompile over 3 rounds (FedRCL, aot_eager on the CPU). The backward and the optimizer
-    step stay outside the compiled graph."""
+    """The stacked step with each client's own facts (``self.client`` rebuilt per slice) compiles to one graph
+    (forward, loss, backward, clip, SGD): no graph break, no recompile over 3 rounds (FedRCL, aot_eager on the
+    CPU)."""
     from torch._dynamo.utils import counters
 
     from fedrcl.federated import batched

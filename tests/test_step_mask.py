@@ -8,7 +8,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fedrcl import seeds
 from fedrcl.contract.step_mask import (RoundMask, StepGroup, client_batch_sizes, client_epochs, client_rows, keep,
-                                        masked_batch, shared_lrs, split_groups, step_groups, uniform)
+                                        masked_batch, split_groups, step_groups, uniform)
 from test_together import args, last, relative_difference
 
 # Unequal clients (the classic Dirichlet split of 10 clients of the digits: 51 to 248 samples), one pass over each
@@ -38,12 +38,10 @@ def test_step_groups_by_hand():
     )
 
 
-def test_client_epochs_and_shared_lrs_by_hand():
+def test_client_epochs_by_hand():
     # client 0: 2 steps an epoch, client 1: 3; 2 epochs -> 4 and 6 steps
     assert client_epochs([2, 3], 2) == ({0: 0, 1: 0}, {0: 0, 1: 0}, {0: 1, 1: 0}, {0: 1, 1: 1}, {1: 1}, {1: 1})
-    assert shared_lrs(lambda e: 0.1, [2, 3], 2) == [0.1] * 6
-    assert shared_lrs(lambda e: 0.1 * 0.5 ** e, [2, 3], 2) is None  # step 2: epochs 1 and 0 -> 0.05 and 0.1
-    assert shared_lrs(lambda e: 0.1 * 0.5 ** e, [2, 2], 2) == [0.1, 0.1, 0.05, 0.05]
+    assert client_epochs([2, 2], 1) == ({0: 0, 1: 0}, {0: 0, 1: 0})
 
 
 def test_keep_by_hand_and_random():
@@ -160,16 +158,15 @@ def test_fednova_and_a_step_hook_method_train_masked(data_root, tmp_path, capsys
 
 def test_client_lr_per_local_epoch(data_root, tmp_path, capsys, caplog):
     """A client lr that depends on the local epoch (``local_lr_decay``): clients in different epochs at one step
-    need different lrs. Seeds together give each client its own (equal to its fit, 1e-9); batched clients, whose
-    Lightning optimizer has one lr per step, fall back with one line, and still equal sequential."""
+    need different lrs. The stacked engine gives each client its own, batched and together, no fallback: each
+    equal to its fit (1e-9)."""
     decay = ("--model.init_args.local_lr_decay", "0.5")
     seq, batched, together = tmp_path / "seq", tmp_path / "batched", tmp_path / "together"
     common = (*UNEQUAL, *decay)
     seeds.main(["--seeds", "0", *args(data_root, seq, *common, "--trainer.client_batching", "off", rounds=2)])
     caplog.set_level("INFO")
     seeds.main(["--seeds", "0", *args(data_root, batched, *common, "--trainer.client_batching", "on", rounds=2)])
-    notices = [r.getMessage() for r in caplog.records if FALLBACK in r.getMessage()]
-    assert len(notices) == 1 and "different client lrs" in notices[0], notices
+    assert FALLBACK not in caplog.text
     seeds.main(["--seeds", "0", "1", "--together", *args(data_root, together, *common, rounds=2)])
     assert "--together:" not in capsys.readouterr().out
     assert_runs_equal(together, seq, 0)

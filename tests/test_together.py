@@ -191,14 +191,14 @@ def test_the_whole_client_step_is_one_graph_without_host_syncs(data_root, tmp_pa
     first round's checks no step reads a value back to the host (``item``, ``bool``, ``tolist``, ``float``)."""
     from torch._dynamo.utils import counters
 
-    from fedrcl.federated import together
+    from fedrcl.federated.stacked import StackedRound
 
     monkeypatch.setattr(batched, "COMPILE_BACKEND", "aot_eager")
     reads: list[str] = []
-    train = together.Cohort._train
+    train = StackedRound.step
 
     def counted(self, *a, **k):
-        if not self._checked_loss:  # the first round's step checks the loss (it compares values)
+        if self._check:  # the first round's first step checks the loss (it compares values)
             return train(self, *a, **k)
         originals = {name: getattr(torch.Tensor, name) for name in ("item", "__bool__", "tolist", "__float__")}
         for name, original in originals.items():
@@ -212,7 +212,7 @@ def test_the_whole_client_step_is_one_graph_without_host_syncs(data_root, tmp_pa
             for name, original in originals.items():
                 setattr(torch.Tensor, name, original)
 
-    monkeypatch.setattr(together.Cohort, "_train", counted)
+    monkeypatch.setattr(StackedRound, "step", counted)
     counters.clear()
     seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path, "--trainer.compile_clients", "true",
                                                             model="fedrcl.algorithms.FedRCL")])
@@ -220,7 +220,7 @@ def test_the_whole_client_step_is_one_graph_without_host_syncs(data_root, tmp_pa
     assert counters["stats"]["unique_graphs"] == 2  # the step, and the seeds' evaluation (one test batch)
     assert last(tmp_path, 1)["epoch"] == 2
     assert reads == []
-    monkeypatch.setattr(together.Cohort, "_train", train)
+    monkeypatch.setattr(StackedRound, "step", train)
     seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "eager", model="fedrcl.algorithms.FedRCL")])
     for seed in (0, 1):  # the compiled step (torch.func.grad) trains as the eager one (autograd's grad)
         assert relative_difference(last(tmp_path, seed)["state_dict"],

@@ -103,7 +103,7 @@ class FedAvg(ClientExchange, L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.client: Optional[ClientContext] = None
-        self.stack: Optional[ClientStack] = None  # the round's clients while they train batched (``StackedClients``)
+        self.stack: Optional[ClientStack] = None  # the round's clients while they train stacked (``StackedClients``)
 
     def __setattr__(self, name: str, value: Any) -> None:
         """An attribute already set to a plain value (not a tensor or module) is set directly: Lightning writes
@@ -156,12 +156,9 @@ class FedAvg(ClientExchange, L.LightningModule):
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: Any = None,
                                     gradient_clip_algorithm: Optional[str] = None) -> None:
-        if self.grad_clip_norm is None:
+        if self.grad_clip_norm is None or self.stack is not None:  # stacked clients: clipped per client by the engine
             return
-        if self.stack is not None:
-            self.stack.clip_grad_norm_(self.grad_clip_norm)  # per client
-        else:
-            self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip_norm, gradient_clip_algorithm="norm")
+        self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip_norm, gradient_clip_algorithm="norm")
 
     def local_loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """One client's loss of one batch and its parts, the server's client term included.
@@ -210,35 +207,28 @@ class FedAvg(ClientExchange, L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Any:
         x, y = batch
-        stacked = self.stack
+        if self.stack is not None:  # every client's step at once, taken by the stacked engine
+            losses, per_client = self.stack.step(x, y)
+            self._add_round_losses(losses.sum(), {k: v.sum() for k, v in per_client.items()})
+            self._round_steps += len(losses)
+            return self.stack.lightning_loss()
         if changes_step(self):
             return self._direction_step(x, y)
-        if stacked is None:
-            loss, parts = self.local_loss(x, y)
-        else:  # every client's step at once: losses [K]; their sum has each client's own gradient
-            loss, parts = stacked.losses(x, y)
-            loss, parts = loss.sum(), {k: v.sum() for k, v in parts.items()}
+        loss, parts = self.local_loss(x, y)
         self._add_round_losses(loss, parts)
-        self._round_steps += 1 if stacked is None else len(stacked)
+        self._round_steps += 1
         return loss
 
     def _direction_step(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
-        """A step of ``client_direction`` (one client, or every client of the stack): the directions are computed
-        outside autograd, and Lightning's backward, clipping and optimizer step run on ``sum <w, d>``, whose
-        gradient is exactly ``d``; ``local_loss`` is the step's real loss (the divergence check's)."""
-        stacked = self.stack
-        params: Tensors
+        """A step of ``client_direction`` (clients one after another): the direction is computed outside autograd,
+        and Lightning's backward, clipping and optimizer step run on ``sum <w, d>``, whose gradient is exactly
+        ``d``; ``local_loss`` is the step's real loss (the divergence check's)."""
+        params: Tensors = dict(self.backbone.named_parameters())
         with torch.no_grad():
-            if stacked is None:
-                params = dict(self.backbone.named_parameters())
-                direction, loss, parts = self.client_direction(params, x, y)
-            else:
-                params = stacked.params
-                direction, losses, per_client = stacked.directions(x, y)
-                loss, parts = losses.sum(), {k: v.sum() for k, v in per_client.items()}
+            direction, loss, parts = self.client_direction(params, x, y)
         surrogate = torch.stack([(p * direction[name].to(p.dtype)).sum() for name, p in params.items()]).sum()
         self._add_round_losses(loss, parts)
-        self._round_steps += 1 if stacked is None else len(stacked)
+        self._round_steps += 1
         return {"loss": surrogate, "local_loss": loss.detach()}
 
     def _add_round_losses(self, loss: Tensor, parts: dict[str, Tensor]) -> None:

@@ -13,7 +13,7 @@ device): no host sync per step.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -63,19 +63,6 @@ def client_epochs(steps_per_epoch: Sequence[int], local_epochs: int) -> tuple[di
     """Per stacked step, the local epoch of each client that steps (position -> epoch)."""
     steps = [s * local_epochs for s in steps_per_epoch]
     return tuple({k: t // steps_per_epoch[k] for k in range(len(steps)) if t < steps[k]} for t in range(max(steps)))
-
-
-def shared_lrs(lr_of_epoch: Callable[[int], float], steps_per_epoch: Sequence[int],
-               local_epochs: int) -> Optional[list[float]]:
-    """The lr of each stacked step where every client that steps has the same (``lr_of_epoch``: the client lr of a
-    local epoch); ``None`` where at some step clients in different local epochs have different lrs."""
-    lrs: list[float] = []
-    for epochs in client_epochs(steps_per_epoch, local_epochs):
-        values = {float(lr_of_epoch(e)) for e in epochs.values()}
-        if len(values) > 1:
-            return None
-        lrs.extend(values)
-    return lrs
 
 
 def keep(new: Tensor, old: Tensor, stepping: Tensor) -> Tensor:

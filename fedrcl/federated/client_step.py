@@ -19,10 +19,12 @@ groups change shape from step to step), and a client that has finished keeps its
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional, cast
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
@@ -96,13 +98,25 @@ class ClientStep:
         self.max_norm = algorithm.grad_clip_norm
         self._module = LocalLoss(algorithm)
         self.compiled = compile is not None
+        self.compile_seconds: Optional[float] = None
         step: Callable[..., Any] = self._step
-        self.step = torch.compile(step, fullgraph=True, **compile) if compile is not None else step
+        # static shapes: a later shape (another batch size, another run in the process) compiles its own graph
+        # instead of a dynamic one, which vmap over convolutions cannot trace
+        self.step = torch.compile(step, fullgraph=True, dynamic=False, **compile) if compile is not None else step
 
     def __call__(self, params: Tensors, momenta: Tensors, inputs: StepInputs
                  ) -> tuple[Tensors, Tensors, Tensor, Tensors]:
-        """New weights and momenta, and each client's loss ``[S * C]`` and loss parts (each ``[S * C]``)."""
+        """New weights and momenta, and each client's loss ``[S * C]`` and loss parts (each ``[S * C]``). The first
+        compiled call compiles: its seconds are kept (``compile_seconds``) and told, a one-off host sync."""
+        first = self.compiled and self.compile_seconds is None
+        start = time.perf_counter()
         out = self.step(params, momenta, inputs)
+        if first:
+            if inputs.x.device.type == "cuda":
+                torch.cuda.synchronize(inputs.x.device)
+            self.compile_seconds = time.perf_counter() - start
+            rank_zero_info(f"trainer.compile_clients: the first stacked step (compiling) took "
+                           f"{self.compile_seconds:.1f} s")
         return cast(tuple[Tensors, Tensors, Tensor, Tensors], out)
 
     def _one_client(self, direction: bool) -> Callable[..., Any]:

@@ -11,9 +11,11 @@ the global model, so Lightning's checkpoint of the module holds the global weigh
 non-finite summed loss or non-finite weights, or non-finite new global weights, stop the run before the
 round's checkpoint (``divergence``).
 
-With ``trainer.client_batching`` the round's clients train together instead (``fedrcl.federated.batched``):
-the stream has one stacked batch per local step (as many as the longest client's steps: clients that finish
-sooner are masked, ``fedrcl.contract.step_mask``), and ``StackedClients`` starts and ends every client's run.
+With ``trainer.client_batching`` the round's clients train together instead (``fedrcl.federated.batched``), on
+the stacked engine that seeds together use (``fedrcl.federated.stacked``): the stream has one stacked batch per
+local step (as many as the longest client's steps: clients that finish sooner are masked,
+``fedrcl.contract.step_mask``), ``StackedClients`` starts every client's run at the round's first step, takes each
+stacked step in the algorithm's ``training_step`` and ends every client's run at the round's last step.
 
 With several processes (``fedrcl.federated.strategy.FederatedStrategy``, which ``FederatedTrainer`` picks
 for ``ddp`` or ``auto``) each process trains its share of the round's sampled clients
@@ -47,11 +49,12 @@ from fedrcl.contract.plan import RoundPlan
 from fedrcl.contract.processes import process_sum
 from fedrcl.contract.weights import load_state_, snapshot
 from fedrcl.data.datamodule import datamodule_of
-from fedrcl.federated.batched import ClientBatching, StackedClients
+from fedrcl.federated.batched import ClientBatching, compile_options
 from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
 from fedrcl.federated.round import ClientResult, ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
+from fedrcl.federated.stacked import StackedClients, stacked_step
 from fedrcl.privacy import DPFedAvg
 from fedrcl.server import FedAvg, ServerOptimizer
 from fedrcl.server.base import StatefulServer
@@ -177,7 +180,7 @@ class Federation(L.Callback):
             self._plan = RoundPlan.of_clients(round_idx, mine, dm.client_num_samples, dm.client_steps_per_epoch,
                                               self.local_epochs, self.seed)
             device = trainer.strategy.root_device
-            batched = self.batching.applies(trainer.lightning_module, self._plan, device)
+            batched = self.batching.applies(trainer.lightning_module, device)
             self._plan = dataclasses.replace(self._plan, batched=batched)
         return self._plan
 
@@ -199,35 +202,35 @@ class Federation(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
         slot = plan.locate(batch_idx)
-        if slot.step == 0:
-            if plan.batched:
+        if plan.batched:
+            if slot.step == 0:  # every client's lr at every step is the stacked engine's
                 self._runs = self._clients
-                sizes = [self.datamodule.client_batch_sizes(k, plan.local_epochs) for k in plan.client_ids]
-                StackedClients(trainer, pl_module, self._runs, self.batching, sizes)  # starts them
-            else:
-                self._runs = [self._clients[slot.position]]
-                self._runs[0].start()
-        if plan.batched:  # under a step mask, the finished clients' weights are kept (``step_mask``)
-            self._stack(pl_module).begin_step(batch_idx)
-        if slot.first_step_of_epoch:  # batched: the longest client's epochs (every client's lr: ``applies``)
+                compile = compile_options(trainer.strategy.root_device) if self.batching.compile else None
+                step = stacked_step(self.batching.steps, pl_module, 1, len(self._runs), trainer.precision, compile)
+                StackedClients(trainer, pl_module, self._runs, step, check=not self.batching.checked)  # starts them
+                self.batching.checked = True
+            return
+        if slot.step == 0:
+            self._runs = [self._clients[slot.position]]
+            self._runs[0].start()
+        if slot.first_step_of_epoch:
             self._runs[0].set_lr(trainer.optimizers, slot.local_epoch)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
         slot = plan.locate(batch_idx)
-        # A step of ``client_direction`` returns the step's real loss beside the surrogate Lightning backpropagates
-        loss = outputs.get("local_loss", outputs.get("loss")) if isinstance(outputs, Mapping) else outputs
-        if isinstance(loss, torch.Tensor):  # summed on the device; checked once per client, at its end
-            self._runs[0].add_loss(loss)  # batched: the stack's summed loss, checked with each of its clients
         if plan.batched:  # one step of each client that stepped: global_step counts client steps everywhere
             stack = self._stack(pl_module)
-            stack.end_step()
-            count_client_steps(trainer, len(stack) - 1)
+            count_client_steps(trainer, stack.stepped - 1)
+        else:  # a step of ``client_direction`` returns the step's real loss beside the surrogate Lightning steps on
+            loss = outputs.get("local_loss", outputs.get("loss")) if isinstance(outputs, Mapping) else outputs
+            if isinstance(loss, torch.Tensor):  # summed on the device; checked once per client, at its end
+                self._runs[0].add_loss(loss)
         if not slot.last_step_of_client:
             return
         if plan.batched:  # every client of the stack ends at the longest one's last step
-            stack.finish(lambda run, result: self._fold(trainer, pl_module, run, result))
+            stack.finish_round(lambda run, result: self._fold(trainer, pl_module, run, result))
         else:
             self._fold(trainer, pl_module, self._runs[0], self._runs[0].end())
         self._runs = []

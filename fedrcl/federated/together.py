@@ -5,9 +5,9 @@
 optimizer state, accuracy EMA, logger, checkpoints, run folder ``<name>/seed<k>``), and then trains them in
 lockstep: in each round, every seed's server round begins and is configured (``ServerRound``), every seed's
 clients start (``ClientRun``), and the local steps of all seeds' clients run as one step on a stacked client
-axis, ``seeds x clients_per_round`` long (``fedrcl.federated.client_step.ClientStep``: forward, the method's own
-one-client ``local_loss``, backward, per-client clip and SGD in one function, compiled as one graph with
-``trainer.compile_clients``). Then each seed's clients end and are folded in its own server round, its global
+axis, ``seeds x clients_per_round`` long: the stacked engine of batched clients (``fedrcl.federated.stacked``,
+whose step is ``fedrcl.federated.client_step.ClientStep``: forward, the method's own one-client ``local_loss``,
+backward, per-client clip and SGD in one function, compiled as one graph with ``trainer.compile_clients``). Then each seed's clients end and are folded in its own server round, its global
 model is evaluated, its scalars logged and its checkpoints written as ``fedrcl fit`` writes them
 (``fedrcl.federated.driven``). Seeds resumed at different rounds train side by side, each stopping at its own
 last round (or ``trainer.max_time``); SIGTERM and Ctrl-C finish the round and checkpoint every seed.
@@ -25,9 +25,8 @@ sizes; each seed's split has its own) train stacked under a step mask (``fedrcl.
 has as many steps as its longest client, each client steps at its own lr (``client_lr`` of its own local epoch)
 until it has finished and then keeps its weights and momenta (``ClientStep.masked``).
 What cannot be stacked at all falls back before the first round, with a notice: a method that cannot train
-batched (``batched.unbatchable``), a method that overrides Lightning's step (``OWN_STEP``: the stacked step is
-the method's ``local_loss`` or ``client_direction``, per-client clipping and SGD, and calls no Lightning hook
-per step), several devices.
+batched (``batched.unbatchable``: per-client models, buffers, or a step of its own, ``batched.OWN_STEP``), several
+devices.
 """
 from __future__ import annotations
 
@@ -43,29 +42,20 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.func import functional_call, vmap
 
-from fedrcl.algorithms.fedavg import FedAvg
 from fedrcl.contract.exchange import check_method
 from fedrcl.contract.plan import RoundPlan
 from fedrcl.contract.weights import load_state_, snapshot
-from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, LocalLoss, client_view, compile_options, \
-    refuse_per_client_attributes, refuse_stored_attributes, stack_clients, unbatchable
+from fedrcl.federated.batched import LocalLoss, compile_options, unbatchable
 from fedrcl.federated.checkpoint import NothingToResume, resume_path, run_checkpoints
-from fedrcl.federated.client_step import ClientStep, StepInputs
+from fedrcl.federated.client_step import ClientStep
 from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.divergence import DivergenceError
 from fedrcl.federated.driven import DrivenRun, not_run, open_run
 from fedrcl.federated.run_folder import hold_run_folders
 from fedrcl.federated.round import ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
-from fedrcl.contract.step_mask import RoundMask, client_epochs, client_rows, masked_batch, uniform
-
-MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
-# What a method may not override to train on the stacked step: the step is ``local_loss``, per-client clipping
-# and SGD written out, and Lightning's per-step hooks (SCAFFOLD counts its lr in ``on_before_optimizer_step``)
-# are not called.
-OWN_STEP = ("configure_optimizers", "configure_gradient_clipping", "training_step", "on_train_batch_start",
-            "on_train_batch_end", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
-            "on_before_zero_grad", "optimizer_step", "optimizer_zero_grad", "backward")
+from fedrcl.federated.stacked import MIXED, StackedRound, stacked_step
+from fedrcl.contract.step_mask import client_rows, masked_batch
 
 
 class NotTogether(Exception):
@@ -106,10 +96,6 @@ def static_reason(run: SeedRun) -> Optional[str]:
     reason = unbatchable(module)
     if reason is None and trainer.world_size > 1:
         reason = "it runs on several devices or processes"
-    overridden = [name for name in OWN_STEP if getattr(type(module), name) is not getattr(FedAvg, name)]
-    if reason is None and overridden:
-        reason = (f"model {type(module).__name__} overrides {', '.join(overridden)}: the stacked step is the "
-                  "method's local_loss and SGD, and calls no Lightning hook per step")
     return reason
 
 
@@ -134,10 +120,9 @@ class Cohort:
         except BaseException:
             self.abandon()
             raise
-        self._steps: dict[tuple[int, int], ClientStep] = {}
+        self._steps: dict[tuple[int, int, int], ClientStep] = {}
         self._evaluate: Optional[SeedsEvaluation] = None
         self._checked = False  # the first round's checks passed and the run folders are written
-        self._checked_loss = False  # the first step's check that the loss stores nothing
 
     def abandon(self) -> None:
         """After a failure before any round was logged (``NotTogether`` among them): remove the run folders
@@ -209,10 +194,10 @@ class Cohort:
                 if not self._checked:  # the first round: nothing but what the starts wrote is there
                     self.abandon()
                 raise
-            batches = stacked.batches()
+            batches = stacked_batches(stacked)
             first = next(batches)
             try:  # the seeds' own losses equal the stacked step's, before the round's first step
-                stacked.check_seeds(*first, MIXED.get(str(active[0].trainer.precision)))
+                check_seeds(stacked, *first, MIXED.get(str(active[0].trainer.precision)))
             except NotTogether as reason:
                 if not self._checked:  # before anything was written
                     self.abandon()
@@ -224,8 +209,9 @@ class Cohort:
                 self._open()
             for run in active:
                 run.begin_round()
-            losses = self._train(active, rounds, stacked, itertools.chain([first], batches))
-            self._end_round(active, rounds, stacked, losses, time.perf_counter() - started)
+            for x, y in itertools.chain([first], batches):  # the round's local steps of every client of every seed
+                stacked.step(x, y)
+            self._end_round(active, rounds, stacked, time.perf_counter() - started)
             if self.stop.signum is not None:
                 break
         self._close()
@@ -256,7 +242,7 @@ class Cohort:
         for run in self.seeds:
             run.open()
 
-    def _begin(self, active: list[SeedRun]) -> tuple[list[ServerRound], "StackedSeeds"]:
+    def _begin(self, active: list[SeedRun]) -> tuple[list[ServerRound], StackedRound]:
         """Every active seed's round begun and configured, and its clients started on the stacked axis."""
         rounds, runs = [], []
         for run in active:
@@ -268,91 +254,9 @@ class Cohort:
                                         dm.client_steps_per_epoch, federation.local_epochs, federation.seed)
             runs.append([ClientRun(module, c, down) for c, down in server_round.configure(plan, dm.client_data)])
             rounds.append(server_round)
-        return rounds, StackedSeeds(active, runs, check=not self._checked)
-
-    def _train(self, active: list[SeedRun], rounds: list[ServerRound], stacked: "StackedSeeds",
-               batches: Iterator[tuple[Tensor, Tensor]]) -> Tensor:
-        """The round's local steps of every client of every seed; returns each client's summed loss."""
-        first = active[0]
-        step = self._step(first, len(active), stacked.clients)
-        if stacked.mask is not None:
-            return self._train_masked(active, rounds, stacked, batches, step)
-        plan_steps = stacked.runs[0][0].client.num_steps
-        lr = torch.tensor([[run.module.client_lr(r.round_idx, epoch) for run, r in zip(active, rounds)
-                            for _ in range(stacked.clients)] for epoch in range(first.trainer.federation.local_epochs)],
-                          dtype=torch.float64, device=stacked.device)  # cast to the weights' dtype as SGD casts lr
-        params, momenta = stacked.params, stacked.momenta
-        loss_sums: Optional[Tensor] = None
-        part_sums: dict[str, Tensor] = {}
-        steps_per_epoch = plan_steps // first.trainer.federation.local_epochs
-        for step_idx in range(plan_steps):
-            x, y = next(batches)
-            if stacked.device.type == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs are its inputs
-            inputs = StepInputs(x, y, lr[step_idx // steps_per_epoch], stacked.client_tensors, stacked.facts,
-                                stacked.global_state, stacked.weights)
-            before = None if self._checked_loss else dict(vars(first.module))
-            params, momenta, losses, parts = step(params, momenta, inputs)
-            if before is not None:  # the first step: a loss that stored something is refused, as batched
-                refuse_stored_attributes(first.module, before)
-                self._checked_loss = True
-            # Sums of the step's outputs, never the outputs themselves: under CUDA graphs the next step's replay
-            # overwrites them.
-            loss_sums = losses.clone() if loss_sums is None else loss_sums + losses
-            for name, value in parts.items():
-                part_sums[name] = part_sums[name] + value if name in part_sums else value.clone()
-        stacked.params, stacked.part_sums = params, part_sums
-        assert loss_sums is not None  # a round has steps
-        return loss_sums
-
-    def _train_masked(self, active: list[SeedRun], rounds: list[ServerRound], stacked: "StackedSeeds",
-                      batches: Iterator[tuple[Tensor, Tensor]], step: ClientStep) -> Tensor:
-        """``_train`` under a step mask (``fedrcl.contract.step_mask``): each client at its own local epoch's lr;
-        a step where every client steps with one batch size is the plain stacked step, the others
-        ``ClientStep.masked``; each client's losses summed over its own steps."""
-        mask, n = stacked.mask, len(stacked.seed_of)
-        assert mask is not None
-        first = active[0]
-        epochs = client_epochs(stacked.steps_per_epoch, first.trainer.federation.local_epochs)
-        lr_of = [(run.module, r.round_idx) for run, r in zip(active, rounds) for _ in range(stacked.clients)]
-        lr = torch.tensor([[float(lr_of[k][0].client_lr(lr_of[k][1], at.get(k, 0))) for k in range(n)]
-                           for at in epochs], dtype=torch.float64, device=stacked.device)
-        params, momenta = stacked.params, stacked.momenta
-        loss_sums = torch.zeros(n, dtype=next(iter(params.values())).dtype, device=stacked.device)
-        part_sums: dict[str, Tensor] = {}
-        for t in range(len(mask)):
-            x, y = next(batches)
-            if mask.full(t):  # every client steps with one batch size: the concatenation is the stack
-                x, y = x.unflatten(0, (n, -1)), y.unflatten(0, (n, -1))
-                if stacked.device.type == "cuda":
-                    torch.compiler.cudagraph_mark_step_begin()
-            inputs = StepInputs(x, y, lr[t], stacked.client_tensors, stacked.facts, stacked.global_state,
-                                stacked.weights)
-            before = None if self._checked_loss else dict(vars(first.module))
-            if mask.full(t):
-                params, momenta, losses, parts = step(params, momenta, inputs)
-                positions = torch.arange(n, device=stacked.device)
-            else:
-                params, momenta, losses, parts, positions = step.masked(params, momenta, inputs, mask, t,
-                                                                        stacked.seed_of)
-            if before is not None:  # the first step: a loss that stored something is refused, as batched
-                refuse_stored_attributes(first.module, before)
-                self._checked_loss = True
-            loss_sums = loss_sums.index_add(0, positions, losses.to(loss_sums.dtype))
-            for name, value in parts.items():
-                total = part_sums.get(name, torch.zeros_like(loss_sums))
-                part_sums[name] = total.index_add(0, positions, value.to(total.dtype))
-        stacked.params, stacked.part_sums = params, part_sums
-        return loss_sums
-
-    def _step(self, first: SeedRun, seeds: int, clients: int) -> ClientStep:
-        """The stacked step for ``seeds`` x ``clients`` clients (built once per shape; compiled with
-        ``trainer.compile_clients``, CUDA graphs on CUDA with inductor, as batched clients)."""
-        key = (seeds, id(first.module))
-        if key not in self._steps:
-            self._steps[key] = ClientStep(first.module, seeds, clients, MIXED.get(str(first.trainer.precision)),
-                                          self._compile_options(first))
-        return self._steps[key]
+        step = stacked_step(self._steps, active[0].module, len(active), len(runs[0]), active[0].trainer.precision,
+                            self._compile_options(active[0]))
+        return rounds, StackedRound(active, runs, step, check=not self._checked)
 
     @staticmethod
     def _compile_options(first: SeedRun) -> Optional[dict[str, Any]]:
@@ -361,13 +265,13 @@ class Cohort:
         trainer = first.trainer
         return compile_options(trainer.strategy.root_device) if trainer.federation.batching.compile else None
 
-    def _end_round(self, active: list[SeedRun], rounds: list[ServerRound], stacked: "StackedSeeds",
-                   loss_sums: Tensor, seconds: float) -> None:
+    def _end_round(self, active: list[SeedRun], rounds: list[ServerRound], stacked: StackedRound,
+                   seconds: float) -> None:
         """Every seed's clients end and fold into its server round (a seed whose round diverged stops, named;
         the others go on); the new global models are evaluated together; each seed's scalars, line, checkpoint."""
         folded = []
         for s, (run, server_round) in enumerate(zip(active, rounds)):
-            stacked.finish(s, server_round, loss_sums)
+            stacked.finish(s, lambda run, result: server_round.add(run.client.client_id, result))
             try:
                 load_state_(run.module.backbone, server_round.finish())
             except DivergenceError as error:
@@ -383,16 +287,17 @@ class Cohort:
         for s in due:  # the evaluation's time, shared by the seeds evaluated together
             active[s].trainer.federation.ledger.add("evaluation", evaluation)
         for s in folded:
-            self._report(active[s], stacked, loss_sums, s, seconds, accuracies.get(s))
+            self._report(active[s], stacked, s, seconds, accuracies.get(s))
 
-    def _report(self, run: SeedRun, stacked: "StackedSeeds", loss_sums: Tensor, s: int, seconds: float,
+    def _report(self, run: SeedRun, stacked: StackedRound, s: int, seconds: float,
                 accuracies: Optional[dict[str, float]]) -> None:
         """Seed ``s``'s round ends as ``fedrcl fit`` ends it (``DrivenRun.end_round``), with its clients' steps and
         summed losses."""
         clients = stacked.clients
         steps = sum(client.client.num_steps for client in stacked.runs[s])
         mine = slice(s * clients, (s + 1) * clients)
-        sums = {"loss": loss_sums[mine].sum(), **{f"loss_{k}": v[mine].sum() for k, v in stacked.part_sums.items()}}
+        sums = {"loss": stacked.loss_sums[mine].sum(),
+                **{f"loss_{k}": v[mine].sum() for k, v in stacked.part_sums.items()}}
         run.end_round(steps, {f"train/{k}": float(v) / steps for k, v in sums.items()}, seconds, accuracies)
 
     def _evaluation(self, first: SeedRun) -> "SeedsEvaluation":
@@ -485,114 +390,53 @@ def same_evaluation_sets(a: Any, b: Any) -> bool:
     return a.val_indices is None or torch.equal(a.val_indices, b.val_indices)
 
 
-class StackedSeeds:
-    """One round's clients of every active seed on one stacked axis ``[seeds * clients, ...]``: started, checked,
-    their weights, momenta, tensors and facts stacked; ``finish`` hands each client's weights back to its run.
+def stacked_batches(stacked: StackedRound) -> Iterator[tuple[Tensor, Tensor]]:
+    """Each step's batches of every client, seed after seed ``[seeds * clients, B, ...]``: each seed's from its own
+    (seed, round, client) streams, converted to its run's precision; under a step mask, the stepping clients'
+    batches concatenated in the mask's groups."""
+    members, runs = stacked.members, stacked.runs
+    convert = members[0].trainer.precision_plugin.convert_input
+    if stacked.mask is not None:
+        own = [run.datamodule.client_batches(c.client.client_id, c.client.round_idx, c.client.local_epochs,
+                                             c.client.seed) for run, clients in zip(members, runs) for c in clients]
+        for groups, each in zip(stacked.mask.groups, itertools.zip_longest(*own), strict=True):
+            yield convert(masked_batch(each, groups))
+        return
+    streams = []
+    for run, clients in zip(members, runs):
+        client = clients[0].client
+        streams.append(run.datamodule.stacked_client_batches(
+            tuple(c.client.client_id for c in clients), client.round_idx, run.trainer.federation.local_epochs,
+            client.seed))
+    for parts in zip(*streams):
+        yield convert((torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])))
 
-    ``check``: the first round checks what batched clients check (an attribute set per client without naming
-    it in ``client_tensors``); ``check_seeds`` checks, every round, that the seeds can share one algorithm."""
 
-    def __init__(self, active: list[SeedRun], runs: list[list[ClientRun]], check: bool):
-        self.active, self.runs = active, runs
-        self.clients = len(runs[0])
-        first = active[0].module
-        names = tuple(getattr(first, "client_tensors", ()))
-        tensors: dict[str, list[Tensor]] = {name: [] for name in names}
-        for run, clients in zip(active, runs):
-            module = run.module
-            views = []
-            for client in clients:
-                client.start()
-                for name, values in tensors.items():
-                    values.append(getattr(module, name))
-                if check:
-                    views.append(client_view(module, PER_CLIENT | set(names)))
-            if check:
-                refuse_per_client_attributes(module, views)
-        sent = [clients[0].downlink.sent for clients in runs]
-        self.device = next(iter(sent[0].values())).device
-        self.params = {name: torch.cat([stack_clients(s[name].detach(), self.clients) for s in sent])
-                       for name, _ in first.backbone.named_parameters()}
-        self.global_state = {name: torch.stack([s[name] for s in sent]) for name in sent[0]}
-        self.momenta = {name: torch.zeros_like(p) for name, p in self.params.items()} if first.momentum else {}
-        self.client_tensors = {name: torch.stack(values) for name, values in tensors.items()}
-        # Each run's own value of every loss weight its method declares sweepable (a sweep's mu = 0.01 and 0.1 on
-        # one axis), in the weights' dtype: set per slice in the step, never the first run's.
-        dtype = next(iter(self.params.values())).dtype
-        self.weights = {name: torch.tensor([float(getattr(run.module, name)) for run in active
-                                            for _ in range(self.clients)], dtype=dtype, device=self.device)
-                        for name in type(first).SWEEPABLE}
-        every = [client for clients in runs for client in clients]
-        self.facts = {name: torch.tensor([getattr(c.client, name) for c in every], device=self.device)
-                      for name in CLIENT_FACTS}
-        self.part_sums: dict[str, Tensor] = {}
-        # Clients that differ in steps or batch sizes: the round's step mask (``fedrcl.contract.step_mask``)
-        sizes = [run.cli.datamodule.client_batch_sizes(c.client.client_id, c.client.local_epochs)
-                 for run, clients in zip(active, runs) for c in clients]
-        self.mask = None if uniform(sizes) else RoundMask(sizes, self.device)
-        self.steps_per_epoch = [run.cli.datamodule.client_steps_per_epoch(c.client.client_id)
-                                for run, clients in zip(active, runs) for c in clients]
-        self.seed_of = torch.tensor([s for s in range(len(runs)) for _ in range(self.clients)], device=self.device)
-
-    def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        """Each step's batches of every client, seed after seed ``[seeds * clients, B, ...]``: each seed's from
-        its own (seed, round, client) streams, converted to its run's precision."""
-        convert = self.active[0].trainer.precision_plugin.convert_input
-        if self.mask is not None:  # per step the stepping clients' batches, concatenated in the mask's groups
-            own = [run.cli.datamodule.client_batches(c.client.client_id, c.client.round_idx, c.client.local_epochs,
-                                                     c.client.seed) for run, clients in zip(self.active, self.runs)
-                   for c in clients]
-            for groups, each in zip(self.mask.groups, itertools.zip_longest(*own), strict=True):
-                yield convert(masked_batch(each, groups))
-            return
-        streams = []
-        for run, clients in zip(self.active, self.runs):
-            client = clients[0].client
-            streams.append(run.cli.datamodule.stacked_client_batches(
-                tuple(c.client.client_id for c in clients), client.round_idx,
-                run.trainer.federation.local_epochs, client.seed))
-        for parts in zip(*streams):
-            x, y = convert((torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])))
-            yield x, y
-
-    def check_seeds(self, x: Tensor, y: Tensor, low: Optional[torch.dtype]) -> None:
-        """Before the first step: the stacked step runs every seed's clients with the first seed's algorithm
-        object; each other seed's last started client's loss on its first batch must be the same computed by its
-        own object (which holds what its clients received: a global teacher, a proximal anchor, its round), else
-        ``NotTogether``."""
-        own_loss = self.active[0].module
-        for s, run in enumerate(self.active[1:], start=1):
-            n = (s + 1) * self.clients - 1
-            params = {f"algorithm.backbone.{k}": p[n] for k, p in self.params.items()}
-            xn, yn = (x[n], y[n]) if self.mask is None else client_rows(x, y, self.mask.groups[0], n)
-            if low is not None:
-                params, xn = {k: p.to(low) for k, p in params.items()}, xn.to(low)
-            weights = {k: w[n] if low is None else w[n].to(low) for k, w in self.weights.items()}
-            inputs = ({**{k: t[n] for k, t in self.client_tensors.items()}, **weights},
-                      {k: f[n] for k, f in self.facts.items()}, xn, yn, {k: g[s] for k, g in self.global_state.items()})
-            with torch.no_grad():
-                mine = functional_call(LocalLoss(run.module), params, inputs)
-                stacked = functional_call(LocalLoss(own_loss), params, inputs)
-            differing = _differing_loss(mine, stacked)
-            if differing is not None:
-                name, own, first = differing
-                raise NotTogether(
-                    f"model {type(run.module).__name__}: {run.label}'s clients compute another {name} with their "
-                    f"own algorithm ({own}) than with {self.active[0].label}'s ({first}): they read something "
-                    "of their seed (e.g. its global model as a teacher) that one stacked step cannot give each seed")
-
-    @torch.no_grad()
-    def finish(self, s: int, server_round: ServerRound, loss_sums: Tensor) -> None:
-        """Seed ``s``'s clients, in order: each one's weights into the seed's backbone, its run ended with its
-        own summed loss, folded into ``server_round``."""
-        module = self.active[s].module
-        own = dict(module.backbone.named_parameters())
-        for i, client in enumerate(self.runs[s]):
-            n = s * self.clients + i
-            for name, stacked in self.params.items():
-                own[name].copy_(stacked[n])
-            client.loss_sum = loss_sums[n]
-            server_round.add(client.client.client_id, client.end())
+def check_seeds(stacked: StackedRound, x: Tensor, y: Tensor, low: Optional[torch.dtype]) -> None:
+    """Before the first step: the stacked step runs every seed's clients with the first seed's algorithm object;
+    each other seed's last started client's loss on its first batch must be the same computed by its own object
+    (which holds what its clients received: a global teacher, a proximal anchor, its round), else ``NotTogether``."""
+    members, clients = stacked.members, stacked.clients
+    own_loss = members[0].module
+    for s, run in enumerate(members[1:], start=1):
+        n = (s + 1) * clients - 1
+        params = {f"algorithm.backbone.{k}": p[n] for k, p in stacked.params.items()}
+        xn, yn = (x[n], y[n]) if stacked.mask is None else client_rows(x, y, stacked.mask.groups[0], n)
+        if low is not None:
+            params, xn = {k: p.to(low) for k, p in params.items()}, xn.to(low)
+        weights = {k: w[n] if low is None else w[n].to(low) for k, w in stacked.weights.items()}
+        inputs = ({**{k: t[n] for k, t in stacked.client_tensors.items()}, **weights},
+                  {k: f[n] for k, f in stacked.facts.items()}, xn, yn, {k: g[s] for k, g in stacked.global_state.items()})
+        with torch.no_grad():
+            mine = functional_call(LocalLoss(run.module), params, inputs)
+            first = functional_call(LocalLoss(own_loss), params, inputs)
+        differing = _differing_loss(mine, first)
+        if differing is not None:
+            name, own, theirs = differing
+            raise NotTogether(
+                f"model {type(run.module).__name__}: {run.label}'s clients compute another {name} with their "
+                f"own algorithm ({own}) than with {members[0].label}'s ({theirs}): they read something "
+                "of their seed (e.g. its global model as a teacher) that one stacked step cannot give each seed")
 
 
 def train_together(runs: Mapping[Hashable, list[str]], stop: Any, labels: Optional[Mapping[Hashable, str]] = None,

@@ -23,7 +23,7 @@ import threading
 import time
 from logging import INFO, WARNING
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Optional
 
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
