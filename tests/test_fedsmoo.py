@@ -1,6 +1,7 @@
 """FedSMOO (Sun et al., ICML 2023, issue 52): its rules by hand and at random, two rounds of ``fedrcl fit`` (float64,
 four clients, three a round) replayed by a reference written from the paper's Algorithm 1 in plain loops to 1e-9
-relative, its bytes, its bad options, its fallback on batched clients and seeds together, and resume."""
+relative, its bytes, its bad options, batched clients and seeds together (its duals as per-client step state) equal to
+clients one after another, and resume."""
 from __future__ import annotations
 
 import copy
@@ -17,6 +18,7 @@ from test_bad_input import assert_short, fedrcl
 from test_baselines_2026 import ce_gradient, clients_of, fit_float64, reference_local_sgd, relative_difference
 from test_baselines_2026 import round_seen  # noqa: F401 (the fixture that captures every client's batches)
 from test_together import args as together_args
+from test_together import last as together_last
 
 CONFIG = REPO / "configs" / "methods" / "fedsmoo.yaml"
 
@@ -155,27 +157,42 @@ def smoo_fit(data_root, save_dir, *extra, rounds=2):
                    "--data.local_iters_per_epoch", "3", *extra, rounds=rounds, model="fedrcl.algorithms.FedSMOO")
 
 
-def test_batched_clients_fall_back_with_a_notice(data_root, tmp_path, caplog):
-    """mu_i changes at every step: batched clients train one after another (a notice names why), as with it off."""
-    runs = {mode: smoo_fit(data_root, tmp_path / mode, "--trainer.client_batching", mode) for mode in ("off", "on")}
-    assert not runs["on"].trainer.federation.plan(1).batched
-    assert "trainer.client_batching: clients trained one after another: FedSMOO changes each client's perturbation " \
-        "dual mu_i at every local step" in caplog.text
-    for k, v in runs["off"].model.backbone.state_dict().items():
-        assert torch.equal(v, runs["on"].model.backbone.state_dict()[k]), k
+def stored_duals(model) -> dict:
+    """Every client's stored lam_i and mu_i, by client."""
+    return {cid: model.store.get(cid) for cid in range(model.trainer.datamodule.num_clients)
+            if model.store.get(cid) is not None}
 
 
-def test_seeds_together_fall_back_with_a_notice(data_root, tmp_path, capsys):
-    """The same reason parts the seeds before anything is written: they train one after another, each a whole run
-    (``fedrcl check`` then says ``fell back`` for its together row, as for its batched row)."""
-    seeds.main(["--seeds", "0", "1", "--together", *together_args(
-        data_root, tmp_path, "--config", str(CONFIG), "--trainer.precision", "64-true", rounds=1,
-        model="fedrcl.algorithms.FedSMOO")])
-    out = capsys.readouterr().out
-    assert "fedrcl seeds: --together: seed 0: FedSMOO changes each client's perturbation dual mu_i at every local " \
-        "step" in out and "one after another instead" in out
+@pytest.mark.parametrize("unequal", [False, True])
+def test_batched_clients_equal_one_after_another(data_root, tmp_path, caplog, unequal):
+    """The duals, the received s and the last s_hat are per-client step state: batched clients train FedSMOO, no
+    fallback, to the weights and stored duals of clients one after another (float64, 1e-9; three rounds, so clients
+    come back to their duals), also under a step mask (unequal clients, one pass over each client's data)."""
+    extra = ("--data.partition", "dirichlet_unbalanced", "--data.local_iters_per_epoch", "null") if unequal else ()
+    caplog.set_level("INFO")
+    runs = {mode: smoo_fit(data_root, tmp_path / mode, "--trainer.client_batching", mode, *extra, rounds=3)
+            for mode in ("off", "on")}
+    assert runs["on"].trainer.federation.plan(2).batched and "one after another" not in caplog.text
+    off, on = runs["off"].model, runs["on"].model
+    assert relative_difference(off.backbone.state_dict(), on.backbone.state_dict()) <= 1e-9
+    duals_off, duals_on = stored_duals(off), stored_duals(on)
+    assert duals_off.keys() == duals_on.keys() and len(duals_off) >= 3
+    for cid in duals_off:
+        assert relative_difference(duals_off[cid], duals_on[cid]) <= 1e-9, cid
+
+
+def test_seeds_together_equal_each_seed_alone(data_root, tmp_path, capsys):
+    """Seeds 0 and 1 together (each seed's own s handed to its clients' slices) give each seed its own fit's weights
+    (float64, 1e-9), trained together (no fallback)."""
+    common = ("--config", str(CONFIG), "--trainer.precision", "64-true")
+    seeds.main(["--seeds", "0", "1", "--together", *together_args(data_root, tmp_path / "together", *common, rounds=2,
+                                                                  model="fedrcl.algorithms.FedSMOO")])
+    assert "--together:" not in capsys.readouterr().out
+    seeds.main(["--seeds", "0", "1", *together_args(data_root, tmp_path / "alone", *common, rounds=2,
+                                                    model="fedrcl.algorithms.FedSMOO")])
     for seed in (0, 1):
-        assert (tmp_path / "quickstart" / f"seed{seed}" / "version_0" / "checkpoints" / "last.ckpt").exists()
+        assert relative_difference(together_last(tmp_path / "together", seed)["state_dict"],
+                                   together_last(tmp_path / "alone", seed)["state_dict"]) <= 1e-9, seed
 
 
 def test_resume_equals_a_run_that_never_stopped(data_root, tmp_path):

@@ -119,6 +119,10 @@ class FedAvg(ClientExchange, L.LightningModule):
     # client and ``client_loss`` reads (stacked on a client axis when clients train together); a reason
     # string if the method cannot train batched (its clients then train one after another).
     client_tensors: tuple[str, ...] = ()
+    # Attributes that ``client_direction`` reads per client or replaces at every local step (a tensor, or a dict
+    # of tensors), set by ``on_client_start`` and read by ``on_client_end``: stacked clients hand each slice its
+    # own, keep what its step set, and put each client's back before its ``on_client_end`` (FedSMOO's duals).
+    step_state: tuple[str, ...] = ()
     unbatchable_reason: Optional[str] = None
     # Loss weights (constructor arguments kept as attributes of the same name, read only in arithmetic) that a
     # sweep may vary across runs trained together: the stacked step sets each run's value per slice.

@@ -21,9 +21,9 @@ direction, adds weight decay and steps by the client lr, as for a gradient. Two 
 FedAvg's each way (``s`` down, ``mu_i - s_hat_{i,K}`` up). FL-Simulator clips the direction without the proximal
 ``alpha w`` (its SGD's weight decay) and sends ``mu_i`` alone; this is the paper's rule.
 
-Execution: ``mu_i`` changes at every step inside ``client_direction``, which batched clients map as a pure
-function, so the method is unbatchable: batched clients and seeds together train one after another, with a
-notice; several processes and Flower train it as one process does.
+Execution: ``mu_i`` changes at every step inside ``client_direction``; the duals, the received ``s`` and the last
+``s_hat`` are the method's ``step_state``, so batched clients and seeds together hand each client's slice its own
+and keep what its step set; several processes and Flower train it as one process does.
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ class FedSMOO(PersistentClientState):
     """
 
     server_half = (FedSMOOServer, "configs/methods/fedsmoo.yaml")
-    unbatchable_reason = "FedSMOO changes each client's perturbation dual mu_i at every local step"
+    # per client: read (lam_i; s, its seed's), changed at every step (mu_i, the last s_hat)
+    step_state = ("_weight_dual", "_perturbation_dual", "_global_perturbation", "_last_perturbation")
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)

@@ -70,16 +70,18 @@ class LocalLoss(nn.Module):
         self.algorithm = algorithm
 
     def forward(self, client_tensors: dict[str, Tensor], facts: dict[str, Tensor], x: Tensor, y: Tensor,
-                global_state: Optional[dict[str, Tensor]] = None, direction: bool = False) -> Any:
-        """The slice's ``(loss, parts)``, or with ``direction`` its ``client_direction`` ``(direction, loss,
-        parts)``. ``global_state``: the slice's own broadcast weights where they differ between slices (seeds
-        together, ``fedrcl.federated.client_step``); ``None``: the client's."""
+                global_state: Optional[dict[str, Tensor]] = None, direction: bool = False,
+                state: Optional[dict[str, Any]] = None) -> Any:
+        """The slice's ``(loss, parts)``, or with ``direction`` its ``client_direction`` ``(direction, loss, parts,
+        state)``: ``state`` is the slice's own ``step_state`` (by attribute), set for the call, and the step state
+        returned is what the attributes hold after it. ``global_state``: the slice's own broadcast weights where
+        they differ between slices (seeds together, ``fedrcl.federated.client_step``); ``None``: the client's."""
         algorithm = self.algorithm
         assert algorithm.client is not None, "the clients were started (StackedClients)"
         # This client's tensors, its facts and its slice of the weights for the server's client term, set for
         # the call and put back before returning: no vmapped tensor outlives it (torch.compile needs that too).
         own: dict[str, Any] = {**facts} if global_state is None else {**facts, "global_state": global_state}
-        bound = {**client_tensors, "_params": dict(algorithm.backbone.named_parameters()),
+        bound = {**client_tensors, **(state or {}), "_params": dict(algorithm.backbone.named_parameters()),
                  # the slice's own facts, 0-dim tensors where one client has ints (read in tensor arithmetic)
                  "client": dataclasses.replace(algorithm.client, data=UNMAPPED_DATA, **own)}
         saved = {name: getattr(algorithm, name) for name in bound}
@@ -87,7 +89,8 @@ class LocalLoss(nn.Module):
             setattr(algorithm, name, value)
         try:
             if direction:
-                return algorithm.client_direction(dict(algorithm.backbone.named_parameters()), x, y)
+                out = algorithm.client_direction(dict(algorithm.backbone.named_parameters()), x, y)
+                return (*out, {name: getattr(algorithm, name) for name in (state or {})})
             return algorithm.local_loss(x, y)
         finally:
             for name, value in saved.items():

@@ -4,11 +4,13 @@ Batched clients (``fedrcl fit --trainer.client_batching on``: ``S = 1``, this pr
 (``fedrcl seeds --together``, ``fedrcl sweep --together``: ``S`` seeds or settings) are the same engine. A round's
 clients are started (``ClientRun.start``: the broadcast weights, the extras, ``on_client_start``) and laid on one
 axis ``[S * C, ...]``: their weights, SGD momenta, the tensors the method names in ``client_tensors``, their facts,
-each federation's broadcast weights and values of the method's ``SWEEPABLE`` loss weights, and the client lr of
-every client at every step (``client_lr`` of its own local epoch). Each stacked step is ``ClientStep``'s (the
+each federation's broadcast weights and values of the method's ``SWEEPABLE`` loss weights, the per-client state its
+step reads or changes (``step_state``), and the client lr of every client at every step (``client_lr`` of its own
+local epoch). Each stacked step is ``ClientStep``'s (the
 method's one-client ``local_loss`` or ``client_direction`` mapped, per-client clip, SGD); clients that differ in
 step count or batch sizes step under a step mask (``fedrcl.contract.step_mask``), a finished client keeping its
-weights and momenta exactly. ``finish`` hands each client's weights and summed loss back to its run, in order.
+weights, momenta and step state exactly. ``finish`` hands each client's weights, step state and summed loss back to
+its run, in order.
 
 ``StackedClients`` runs the engine inside ``fedrcl fit``'s Lightning loop: one stacked step per Lightning step
 (each Lightning hook per step runs as for any step); Lightning's own optimizer step then has nothing to move, as
@@ -31,7 +33,7 @@ from fedrcl.contract.step_mask import RoundMask, client_epochs, uniform
 from fedrcl.data.datamodule import datamodule_of
 from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, client_view, refuse_per_client_attributes, \
     refuse_stored_attributes, stack_clients
-from fedrcl.federated.client_step import ClientStep, StepInputs
+from fedrcl.federated.client_step import ClientStep, State, StepInputs
 from fedrcl.federated.round import ClientResult, ClientRun
 
 # The dtype the stacked forward runs in under Lightning's mixed precision (autocast does not reach inside vmap)
@@ -72,16 +74,19 @@ class StackedRound:
         self.members, self.runs, self.engine, self._check = list(members), runs, step, check
         self.clients = len(runs[0])
         first = self.members[0].module
-        names = tuple(getattr(first, "client_tensors", ()))
+        names, stateful = tuple(first.client_tensors), tuple(first.step_state)
         tensors: dict[str, list[Tensor]] = {name: [] for name in names}
+        states: dict[str, list[Any]] = {name: [] for name in stateful}
         for member, clients in zip(self.members, runs):
             views = []
             for client in clients:
                 client.start()
                 for name, values in tensors.items():
                     values.append(getattr(member.module, name))
+                for name, each in states.items():
+                    each.append(getattr(member.module, name))
                 if check:
-                    views.append(client_view(member.module, PER_CLIENT | set(names)))
+                    views.append(client_view(member.module, PER_CLIENT | set(names) | set(stateful)))
             if check:
                 refuse_per_client_attributes(member.module, views)
         sent = [clients[0].downlink.sent for clients in runs]
@@ -91,6 +96,8 @@ class StackedRound:
         self.global_state = {name: torch.stack([s[name] for s in sent]) for name in sent[0]}
         self.momenta = {name: torch.zeros_like(p) for name, p in self.params.items()} if first.momentum else {}
         self.client_tensors = {name: torch.stack(values) for name, values in tensors.items()}
+        self.state: State = {name: {k: torch.stack([v[k] for v in each]) for k in each[0]}
+                             if isinstance(each[0], dict) else torch.stack(each) for name, each in states.items()}
         # Each federation's own value of every loss weight its method declares sweepable (a sweep's mu = 0.01 and
         # 0.1 on one axis), in the weights' dtype: set per slice in the step, never the first federation's.
         dtype = next(iter(self.params.values())).dtype
@@ -129,17 +136,19 @@ class StackedRound:
             x, y = x.unflatten(0, (n, -1)), y.unflatten(0, (n, -1))
         if full and self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs are its inputs
-        inputs = StepInputs(x, y, self.lr[t], self.client_tensors, self.facts, self.global_state, self.weights)
+        inputs = StepInputs(x, y, self.lr[t], self.client_tensors, self.facts, self.global_state, self.weights,
+                            self.state)
         module = self.members[0].module
         before = dict(vars(module)) if self._check else None
         try:
             with torch.autocast(self.device.type, enabled=False):  # the forward's dtype is the engine's (``MIXED``)
                 if full:
-                    self.params, self.momenta, losses, parts = self.engine(self.params, self.momenta, inputs)
+                    self.params, self.momenta, losses, parts, self.state = self.engine(self.params, self.momenta,
+                                                                                       inputs)
                     positions: Optional[Tensor] = None
                 else:
                     assert mask is not None
-                    self.params, self.momenta, losses, parts, positions = self.engine.masked(
+                    self.params, self.momenta, losses, parts, self.state, positions = self.engine.masked(
                         self.params, self.momenta, inputs, mask, t, self.seed_of)
         except RuntimeError as error:
             if before is None or "vmap" not in str(error):
@@ -165,13 +174,16 @@ class StackedRound:
 
     @torch.no_grad()
     def finish(self, s: int, fold: Callable[[ClientRun, ClientResult], None]) -> None:
-        """Federation ``s``'s clients, in order: each one's weights into its backbone, its run ended with its own
-        summed loss, and ``fold``-ed."""
-        own = dict(self.members[s].module.backbone.named_parameters())
+        """Federation ``s``'s clients, in order: each one's weights into its backbone and its step state onto its
+        algorithm, its run ended with its own summed loss, and ``fold``-ed."""
+        module = self.members[s].module
+        own = dict(module.backbone.named_parameters())
         for i, client in enumerate(self.runs[s]):
             n = s * self.clients + i
             for name, stacked in self.params.items():
                 own[name].copy_(stacked[n])
+            for name, value in self.state.items():
+                setattr(module, name, {k: t[n] for k, t in value.items()} if isinstance(value, dict) else value[n])
             client.loss_sum = self.loss_sums[n]
             fold(client, client.end())
 
