@@ -9,7 +9,9 @@
 - ``BeginMemory``: the same with the state changed in ``begin_server_round``;
 - ``CountsLrPerStep``: a per-step Lightning hook (``on_before_optimizer_step``), which seeds together refuse;
 - ``DownloadMemoryShared``, ``BeginMemoryShared``: those two whose loss reads what the downlink installed directly
-  (not a ``client_tensors`` tensor), so that seeds together part from round 2.
+  (not a ``client_tensors`` tensor), so that seeds together part from round 2;
+- ``DirectionMemoryShared``: the same pull as a term of its step (``client_direction``), not of its loss: only the
+  seeds' step directions tell them apart.
 """
 from __future__ import annotations
 
@@ -143,3 +145,20 @@ class CountsLrPerStep(FedAvg):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.lr_sum = getattr(self, "lr_sum", 0.0) + optimizer.param_groups[0]["lr"]
+
+
+class DirectionMemoryShared(DownloadMemory):
+    """``DownloadMemory`` whose pull is a term of its step, not of its loss: ``client_direction`` adds ``pull *
+    delta``, reading the installed ``delta`` itself; its loss is plain cross-entropy, so only the seeds' step
+    directions differ (from round 2), and seeds together part then."""
+
+    client_tensors = ()
+
+    def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        ce = F.cross_entropy(out.logits, y)
+        return ce, {"ce": ce}
+
+    def client_direction(self, params, x, y):
+        g, loss, parts = self.loss_gradient(params, x, y)
+        pulls = torch.split(self.pull * self._received, [t.numel() for t in g.values()])
+        return {k: t + p.view_as(t) for (k, t), p in zip(g.items(), pulls)}, loss, parts

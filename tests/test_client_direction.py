@@ -131,6 +131,21 @@ def test_server_state_at_round_start_together_equals_fit(data_root, tmp_path, ca
     assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-9
 
 
+def test_a_step_that_reads_its_seeds_downlink_parts_the_seeds(data_root, tmp_path, capsys):
+    """A step direction that reads what its seed's downlink installed (not its loss, not its step state): the seeds'
+    losses agree, their directions do not from round 2, so they part there; each seed, going on alone, ends with its
+    own fit's weights (float64, 1e-9)."""
+    model = "step_methods.DirectionMemoryShared"
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "together", *FLOAT64, rounds=3,
+                                                          model=model)])
+    out = capsys.readouterr().out
+    assert "each seed goes on alone" in out and "another step direction" in out, out
+    seeds.main(["--seeds", "0", "1", *args(data_root, tmp_path / "alone", *FLOAT64, rounds=3, model=model)])
+    for seed in (0, 1):
+        together, alone = last(tmp_path / "together", seed, version=1), last(tmp_path / "alone", seed)
+        assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-9, seed
+
+
 HOOKS = ["start", "round_start 0", "round_end 0", "round_start 1", "round_end 1", "end"]
 
 

@@ -42,12 +42,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.func import functional_call, vmap
 
+from fedrcl.algorithms.fedavg import changes_step
 from fedrcl.contract.exchange import check_method
 from fedrcl.contract.plan import RoundPlan
 from fedrcl.contract.weights import load_state_, snapshot
 from fedrcl.federated.batched import LocalLoss, compile_options, unbatchable
 from fedrcl.federated.checkpoint import NothingToResume, resume_path, run_checkpoints
-from fedrcl.federated.client_step import ClientStep
+from fedrcl.federated.client_step import ClientStep, map_state
 from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.divergence import DivergenceError
 from fedrcl.federated.driven import DrivenRun, not_run, open_run
@@ -328,6 +329,16 @@ def _differing_loss(a: tuple[Tensor, dict[str, Tensor]], b: tuple[Tensor, dict[s
     return None
 
 
+def _differing_direction(a: dict[str, Tensor], b: dict[str, Tensor]) -> Optional[tuple[str, str, str]]:
+    """Where two ``client_direction`` results differ beyond kernel rounding: ``step direction`` and both values'
+    norms; ``None`` if they agree."""
+    if all(torch.allclose(a[k], b[k], rtol=1e-6, atol=1e-7) for k in a):
+        return None
+    norm = lambda d: float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.float())  # noqa: E731
+                                                                  for t in d.values()])))
+    return "step direction", f"norm {norm(a):.6g}", f"norm {norm(b):.6g}"
+
+
 class SeedsEvaluation:
     """Every seed's global model evaluated on the test set at once: per test batch, one forward of the first
     seed's backbone mapped over the seeds' stacked weights (``vmap``), in the run's precision (under mixed
@@ -414,10 +425,12 @@ def stacked_batches(stacked: StackedRound) -> Iterator[tuple[Tensor, Tensor]]:
 
 def check_seeds(stacked: StackedRound, x: Tensor, y: Tensor, low: Optional[torch.dtype]) -> None:
     """Before the first step: the stacked step runs every seed's clients with the first seed's algorithm object;
-    each other seed's last started client's loss on its first batch must be the same computed by its own object
-    (which holds what its clients received: a global teacher, a proximal anchor, its round), else ``NotTogether``."""
+    each other seed's last started client's loss on its first batch (and, for a method that changes the step, its
+    step direction, from its own step state) must be the same computed by its own object (which holds what its
+    clients received: a global teacher, a proximal anchor, its round), else ``NotTogether``."""
     members, clients = stacked.members, stacked.clients
     own_loss = members[0].module
+    own_step = changes_step(own_loss)
     for s, run in enumerate(members[1:], start=1):
         n = (s + 1) * clients - 1
         params = {f"algorithm.backbone.{k}": p[n] for k, p in stacked.params.items()}
@@ -430,7 +443,12 @@ def check_seeds(stacked: StackedRound, x: Tensor, y: Tensor, low: Optional[torch
         with torch.no_grad():
             mine = functional_call(LocalLoss(run.module), params, inputs)
             first = functional_call(LocalLoss(own_loss), params, inputs)
-        differing = _differing_loss(mine, first)
+            differing = _differing_loss(mine, first)
+            if differing is None and own_step:
+                state = {"direction": True, "state": map_state(lambda t: t[n], stacked.state)}
+                mine = functional_call(LocalLoss(run.module), params, inputs, state)
+                first = functional_call(LocalLoss(own_loss), params, inputs, state)
+                differing = _differing_direction(mine[0], first[0])
         if differing is not None:
             name, own, theirs = differing
             raise NotTogether(
