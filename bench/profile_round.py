@@ -17,6 +17,7 @@ second), the Python calls (cProfile) and the operator events (``torch.profiler``
 round hooks (no extra callback), the raw loop's as two rounds less one.
 
     OMP_NUM_THREADS=1 python bench/profile_round.py [--against 9169a0a] [--method FedRCL] [--rounds 4]
+        [--batching on]       # the round's clients batched (``trainer.client_batching``), in both versions
     OMP_NUM_THREADS=1 python bench/profile_round.py --per-step [--against 9169a0a]
 """
 from __future__ import annotations
@@ -80,7 +81,8 @@ class Profiled(L.Callback):
             self.rounds += 1
 
 
-def profile_rounds(root: Path, data: Path, method: str, rounds: int) -> tuple[pstats.Stats, int]:
+def profile_rounds(root: Path, data: Path, method: str, rounds: int, batching: str = "off"
+                   ) -> tuple[pstats.Stats, int]:
     fedrcl, trainer_module = import_fedrcl(root)
     algorithms = importlib.import_module("fedrcl.algorithms")
     models = importlib.import_module("fedrcl.models")
@@ -94,7 +96,7 @@ def profile_rounds(root: Path, data: Path, method: str, rounds: int) -> tuple[ps
     trainer = trainer_module.FederatedTrainer(
         rounds=rounds, clients_per_round=5, local_epochs=5, eval_every=10 ** 6, accelerator="cpu", devices=1,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, callbacks=[callback])
+        limit_val_batches=0, callbacks=[callback], client_batching=batching)
     trainer.fit(model, datamodule=dm)
     return pstats.Stats(profile), callback.rounds
 
@@ -226,6 +228,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs of each version, alternating")
     parser.add_argument("--top", type=int, default=20, help="rows per table")
     parser.add_argument("--per-step", action="store_true", help="count calls and operator events per step")
+    parser.add_argument("--batching", default="off", choices=("off", "on"),
+                        help="trainer.client_batching of both versions' runs")
     args = parser.parse_args()
     if args.rounds < 2:
         parser.error("--rounds must be >= 2 (the first round is a warm-up)")
@@ -239,11 +243,12 @@ def main() -> None:
             return
         for repeat in range(args.repeats):
             for version in (("old", "new") if repeat % 2 == 0 else ("new", "old")):
-                stats, rounds = profile_rounds(roots[version], tmp, args.method, args.rounds)
+                stats, rounds = profile_rounds(roots[version], tmp, args.method, args.rounds, args.batching)
                 tables[version].append(per_round(stats, rounds))
     old, new = merge(tables["old"]), merge(tables["new"])
     total = {v: sum(row["own"] for row in t.values()) for v, t in (("old", old), ("new", new))}
-    print(f"{args.method}, profiled CPU seconds per round: old ({args.against}) {total['old']:.3f}, "
+    print(f"{args.method}, clients batched {args.batching}, profiled CPU seconds per round: old ({args.against}) "
+          f"{total['old']:.3f}, "
           f"new {total['new']:.3f}, new/old {total['new'] / total['old']:.3f}")
 
     for label, prefixes in (("the engine (fedrcl.federated, fedrcl.algorithms, Lightning)", ENGINE),
