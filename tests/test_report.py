@@ -366,6 +366,18 @@ def test_round_loop_keys_an_older_fedrcl_wrote_do_not_make_another_experiment():
     assert experiment_key(older) != experiment_key(newer)
 
 
+def test_a_key_added_since_at_its_default_does_not_make_another_experiment():
+    """Seed 0 of FedNova was saved before ``data.val_fraction`` existed, seed 1 with ``val_fraction: 0.0``: one
+    experiment; a validation split held out is another."""
+    older, newer = fake_config(), fake_config()
+    newer["data"]["val_fraction"] = 0.0
+    assert experiment_key(older) == experiment_key(newer)
+    newer["data"]["val_fraction"] = 0.1
+    assert experiment_key(older) != experiment_key(newer)
+    runs = collect_runs(REPO / "docs" / "baseline_runs" / "cifar10_a01_cnn_fednova")
+    assert [sorted(run.seeds["seed_everything"] for run in group) for group in seed_groups(runs)] == [[0, 1]]
+
+
 def test_the_committed_width8_runs_of_three_seeds_are_one_seed_group_per_method():
     runs = collect_runs(REPO / "docs" / "cpu_runs" / "r8_fedavg") + \
         collect_runs(REPO / "docs" / "cpu_runs" / "r8_seeds" / "fedavg")

@@ -12,7 +12,7 @@ import copy
 import json
 from typing import Any, Optional
 
-__all__ = ["SEED_KEYS", "EXPERIMENT_IGNORES", "ROUND_LOOP_VALUES", "lookup", "run_setting", "experiment_key",
+__all__ = ["SEED_KEYS", "EXPERIMENT_IGNORES", "ROUND_LOOP_VALUES", "ADDED_KEYS", "lookup", "run_setting", "experiment_key",
            "method_key"]
 
 SEED_KEYS = ("seed_everything", "trainer.seed", "data.seed")
@@ -35,6 +35,10 @@ EXPERIMENT_IGNORES = (
 ROUND_LOOP_VALUES = {"max_epochs": None, "min_epochs": None, "max_steps": -1, "check_val_every_n_epoch": 1,
                      "reload_dataloaders_every_n_epochs": 0, "num_sanity_val_steps": None,
                      "gradient_clip_val": None, "gradient_clip_algorithm": None}
+
+# Config keys added after runs were committed, each with the default that trains as before it existed: at that
+# value it says nothing about what was trained (a config written before it leaves it out).
+ADDED_KEYS = {"data.val_fraction": 0.0}
 
 
 def class_name(spec: Any) -> Optional[str]:
@@ -101,16 +105,16 @@ def lookup(config: dict[str, Any], key: str) -> Any:
 
 def experiment_key(config: dict[str, Any]) -> str:
     """What a run trains, from its saved config: everything but the seeds and ``EXPERIMENT_IGNORES`` (each
-    dropped with what lies under it) and the ``trainer`` keys of ``ROUND_LOOP_VALUES`` at their value, as
-    canonical JSON."""
+    dropped with what lies under it), the ``trainer`` keys of ``ROUND_LOOP_VALUES`` and the ``ADDED_KEYS`` at their
+    value, as canonical JSON."""
     kept = copy.deepcopy(config)
-    for key in SEED_KEYS + EXPERIMENT_IGNORES:
+    for key in SEED_KEYS + EXPERIMENT_IGNORES + tuple(ADDED_KEYS):
         *parents, leaf = key.split(".")
         node: Any = kept
         for part in parents:
             node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
+        if isinstance(node, dict) and leaf in node and (key not in ADDED_KEYS or node[leaf] == ADDED_KEYS[key]):
+            del node[leaf]
     trainer = kept.get("trainer")
     if isinstance(trainer, dict):
         for key, value in ROUND_LOOP_VALUES.items():
