@@ -375,7 +375,8 @@ def test_a_key_added_since_at_its_default_does_not_make_another_experiment():
     newer["data"]["val_fraction"] = 0.1
     assert experiment_key(older) != experiment_key(newer)
     runs = collect_runs(REPO / "docs" / "baseline_runs" / "cifar10_a01_cnn_fednova")
-    assert [sorted(run.seeds["seed_everything"] for run in group) for group in seed_groups(runs)] == [[0, 1]]
+    assert "val_fraction" not in runs[0].config["data"] and "val_fraction" in runs[1].config["data"]
+    assert len(runs) >= 2 and len(seed_groups(runs)) == 1
 
 
 def test_the_committed_width8_runs_of_three_seeds_are_one_seed_group_per_method():
