@@ -12,8 +12,8 @@ import copy
 import json
 from typing import Any, Optional
 
-__all__ = ["SEED_KEYS", "EXPERIMENT_IGNORES", "ROUND_LOOP_VALUES", "ADDED_KEYS", "lookup", "run_setting", "experiment_key",
-           "method_key"]
+__all__ = ["SEED_KEYS", "EXPERIMENT_IGNORES", "ROUND_LOOP_VALUES", "ADDED_KEYS", "lookup", "run_setting",
+           "experiment_key", "method_key"]
 
 SEED_KEYS = ("seed_everything", "trainer.seed", "data.seed")
 # Keys that say where and how a run executes, is logged, checkpointed or stopped, not what it trains: the

@@ -250,6 +250,11 @@ def refuse_stored_attributes(pl_module: Any, before: dict[str, Any]) -> None:
             "on_client_end, or set unbatchable_reason")
 
 
+def run_compile_options(trainer: Any) -> Optional[dict[str, Any]]:
+    """``compile_options`` of the run's device with ``trainer.compile_clients``; ``None`` without."""
+    return compile_options(trainer.strategy.root_device) if trainer.federation.batching.compile else None
+
+
 def compile_options(device: torch.device) -> dict[str, Any]:
     """``torch.compile``'s options for the clients' mapped step on ``device``: ``COMPILE_BACKEND``, with CUDA
     graphs (``reduce-overhead``) on CUDA with inductor."""

@@ -49,7 +49,7 @@ from fedrcl.contract.plan import RoundPlan
 from fedrcl.contract.processes import process_sum
 from fedrcl.contract.weights import load_state_, snapshot
 from fedrcl.data.datamodule import datamodule_of
-from fedrcl.federated.batched import ClientBatching, compile_options
+from fedrcl.federated.batched import ClientBatching
 from fedrcl.federated.communication import RoundLedger
 from fedrcl.federated.fingerprint import allowed, compare, refused_changes, run_fingerprint
 from fedrcl.federated.round import ClientResult, ClientRun, ServerRound
@@ -205,8 +205,7 @@ class Federation(L.Callback):
         if plan.batched:
             if slot.step == 0:  # every client's lr at every step is the stacked engine's
                 self._runs = self._clients
-                compile = compile_options(trainer.strategy.root_device) if self.batching.compile else None
-                step = stacked_step(self.batching.steps, pl_module, 1, len(self._runs), trainer.precision, compile)
+                step = stacked_step(self.batching.steps, pl_module, 1, len(self._runs), trainer)
                 StackedClients(trainer, pl_module, self._runs, step, check=not self.batching.checked)  # starts them
                 self.batching.checked = True
             return

@@ -32,7 +32,7 @@ from torch import Tensor
 from fedrcl.contract.step_mask import RoundMask, client_epochs, uniform
 from fedrcl.data.datamodule import datamodule_of
 from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, client_view, refuse_per_client_attributes, \
-    refuse_stored_attributes, stack_clients
+    refuse_stored_attributes, run_compile_options, stack_clients
 from fedrcl.federated.client_step import ClientStep, State, StepInputs
 from fedrcl.federated.round import ClientResult, ClientRun
 
@@ -41,12 +41,13 @@ MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 def stacked_step(cache: dict[tuple[int, int, int], ClientStep], algorithm: Any, seeds: int, clients: int,
-                 precision: Any, compile: Optional[dict[str, Any]]) -> ClientStep:
-    """The stacked step of ``seeds`` x ``clients`` clients of ``algorithm`` in the run's ``precision``, built once
-    per shape into ``cache`` (``compile``: ``torch.compile``'s options with ``trainer.compile_clients``)."""
+                 trainer: Any) -> ClientStep:
+    """The stacked step of ``seeds`` x ``clients`` clients of ``algorithm`` in ``trainer``'s precision, compiled
+    with its ``trainer.compile_clients``, built once per shape into ``cache``."""
     key = (seeds, clients, id(algorithm))
     if key not in cache:
-        cache[key] = ClientStep(algorithm, seeds, clients, MIXED.get(str(precision)), compile)
+        cache[key] = ClientStep(algorithm, seeds, clients, MIXED.get(str(trainer.precision)),
+                                run_compile_options(trainer))
     return cache[key]
 
 
@@ -121,10 +122,6 @@ class StackedRound:
         self.part_sums: dict[str, Tensor] = {}
         self.t = 0  # the next stacked step
         self.stepped = 0  # how many clients took the last step
-
-    def __len__(self) -> int:
-        """The round's stacked steps (its longest client's)."""
-        return len(self.lr)
 
     def step(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """Stacked step ``t``: every client's batch ``x[n]``, ``y[n]`` (under a step mask, the stepping clients'

@@ -46,7 +46,7 @@ from fedrcl.algorithms.fedavg import changes_step
 from fedrcl.contract.exchange import check_method
 from fedrcl.contract.plan import RoundPlan
 from fedrcl.contract.weights import load_state_, snapshot
-from fedrcl.federated.batched import LocalLoss, compile_options, unbatchable
+from fedrcl.federated.batched import LocalLoss, run_compile_options, unbatchable
 from fedrcl.federated.checkpoint import NothingToResume, resume_path, run_checkpoints
 from fedrcl.federated.client_step import ClientStep, map_state
 from fedrcl.data.datamodule import EvalBatches
@@ -255,16 +255,8 @@ class Cohort:
                                         dm.client_steps_per_epoch, federation.local_epochs, federation.seed)
             runs.append([ClientRun(module, c, down) for c, down in server_round.configure(plan, dm.client_data)])
             rounds.append(server_round)
-        step = stacked_step(self._steps, active[0].module, len(active), len(runs[0]), active[0].trainer.precision,
-                            self._compile_options(active[0]))
+        step = stacked_step(self._steps, active[0].module, len(active), len(runs[0]), active[0].trainer)
         return rounds, StackedRound(active, runs, step, check=not self._checked)
-
-    @staticmethod
-    def _compile_options(first: SeedRun) -> Optional[dict[str, Any]]:
-        """``torch.compile``'s options with ``trainer.compile_clients`` (``None`` without): as batched clients,
-        CUDA graphs (``reduce-overhead``) on CUDA with inductor."""
-        trainer = first.trainer
-        return compile_options(trainer.strategy.root_device) if trainer.federation.batching.compile else None
 
     def _end_round(self, active: list[SeedRun], rounds: list[ServerRound], stacked: StackedRound,
                    seconds: float) -> None:
@@ -303,7 +295,7 @@ class Cohort:
 
     def _evaluation(self, first: SeedRun) -> "SeedsEvaluation":
         if self._evaluate is None:
-            self._evaluate = SeedsEvaluation(first, self._compile_options(first))
+            self._evaluate = SeedsEvaluation(first, run_compile_options(first.trainer))
         return self._evaluate
 
     def _close(self) -> None:
