@@ -45,11 +45,13 @@ def work_unit(nodeid: str) -> str:
 
 # Seconds each unit of 15 s or more took (2026-11-29, ``pytest -n 0 --durations=0``, one busy core; measured
 # again 2026-12-02 the same way, load 2-6: check, gpu_lease, multiprocess, docs, types (mypy from an empty
-# cache, as in CI), and together and data_sources from a loaded run's durations divided by its 3x load): the
+# cache, as in CI), and together and data_sources from a loaded run's durations divided by its 3x load; 2026-12-07:
+# baselines_2026_backends and flower's seven more runs, from a run at load 2): the
 # workers take them first, longest first, so that none starts alone near the end (xdist's own order, most
 # tests first, left mypy's single test and the notebooks last). Other files follow in xdist's order; a stale
 # figure costs time, never a test.
-UNIT_SECONDS = {"flower": 420, "tests/test_client_direction.py": 110, "tests/test_check.py": 108,
+UNIT_SECONDS = {"flower": 450, "tests/test_client_direction.py": 110, "tests/test_check.py": 108,
+                "tests/test_baselines_2026_backends.py": 75,
                 "tests/test_gpu_lease.py": 95, "tests/test_reliability.py": 84, "tests/test_multiprocess.py": 59,
                 "tests/test_scaffold_feddyn.py": 57, "tests/test_batched.py": 55, "tests/test_together.py": 50,
                 "tests/test_bad_input.py": 48, "tests/test_types.py": 46, "tests/test_sweep.py": 40,

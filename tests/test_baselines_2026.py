@@ -430,8 +430,9 @@ def test_fedspeed_rounds_are_the_papers_algorithm(data_root, tmp_path, round_see
 
 
 # -- every engine, resume ------------------------------------------------------------------------------------
-# (MoFedSAM is FedCM's direction on FedSAM's gradient; FedNova with equal steps is FedAvg: fedrcl check ran both.)
-ENGINE_RUNS = {"FedSAM": ("fedasam",), "FedCM": ("fedcm",), "FedGAMMA": ("fedgamma",), "FedSpeed": ("fedspeed",)}
+# (FedNova batched under the step mask: test_step_mask; FedSMOO: test_fedsmoo.)
+ENGINE_RUNS = {"FedSAM": ("fedasam",), "MoFedSAM": ("mofedsam",), "FedCM": ("fedcm",), "FedGAMMA": ("fedgamma",),
+               "FedSpeed": ("fedspeed",)}
 
 
 def engine_fit(data_root, save_dir, method, *extra):

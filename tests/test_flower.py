@@ -35,6 +35,8 @@ from conftest import REPO, run_cli, run_in_process_group  # noqa: E402
 from flower_fixtures import NotStarted, started  # noqa: E402
 from fedrcl.analysis.runs import load_scalars  # noqa: E402
 from fedrcl.federated.sampling import sample_clients  # noqa: E402
+from test_baselines_2026_backends import METHODS as BASELINES_2026  # noqa: E402
+from test_baselines_2026_backends import method_args as baseline_args  # noqa: E402
 
 TUTORIAL = REPO / "docs" / "tutorial"  # the tutorial's methods, a file outside the package
 FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1",
@@ -63,6 +65,9 @@ METHODS = {  # name: (client algorithm, overlays)
     "running_prior": ("semantics_methods.RunningPrior", []),
     "steps_prior": ("semantics_methods.StepsWeightedPrior", []),
     "client_facts": ("semantics_methods.ClientFactsLoss", ["--trainer.precision", "64-true"]),
+    # the 2026 baselines (issue 52), in float64 with their configs: a step of their own (FedSAM, FedGAMMA, FedSpeed,
+    # FedSMOO), a downlink that carries the last global update (FedCM, MoFedSAM), step-count normalisation (FedNova)
+    **{method.lower(): (f"fedrcl.algorithms.{method}", list(baseline_args(method))) for method in BASELINES_2026},
 }
 
 
