@@ -11,6 +11,7 @@ machine).
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -540,3 +541,46 @@ def test_flower_calls_a_callbacks_round_hooks_and_honours_max_time(runs):
     ckpt = torch.load(tmp / "flower_hooks" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt",
                       weights_only=True)
     assert ckpt["epoch"] == done - 1
+
+
+def test_sigterm_stops_a_simulation_after_the_round_checkpointed(data_root, tmp_path):
+    """SIGTERM to ``python -m fedrcl.flower`` (Ray's driver would abort: exit 134, nothing checkpointed) ends the run
+    after the round in progress, as ``fedrcl fit`` does: exit status 143, the line that says where it stopped and
+    how to resume, and that round's checkpoint, with the weights of a ``fedrcl fit`` of as many rounds."""
+    rounds = 30
+    args = flower_args(data_root, tmp_path / "runs", "fedavg")
+    args[args.index("--trainer.rounds") + 1] = str(rounds)
+    args += ["--trainer.checkpoint_every", "100"]  # the stop's checkpoint is not a due one
+    log = tmp_path / "simulation.out"
+
+    def stopped_run(attempt: int) -> tuple[int, str]:
+        shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+        with open(log, "w") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "fedrcl.flower", *args], cwd=tmp_path, stdout=out,
+                                    stderr=subprocess.STDOUT, env={**os.environ, **FLOWER_ENV}, start_new_session=True)
+        try:
+            begun = time.monotonic()
+            while f"Round 2/{rounds}  val/acc" not in log.read_text():
+                assert proc.poll() is None, log.read_text()[-4000:]
+                if time.monotonic() - begun > 300:
+                    pytest.fail(f"no second round in 300 s:\n{log.read_text()[-4000:]}")
+                time.sleep(0.5)
+            os.kill(proc.pid, signal.SIGTERM)  # this process only, as `kill PID` does
+            return proc.wait(timeout=180), log.read_text()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    out = started("the simulation stopped by SIGTERM", stopped_run)
+    if isinstance(out, NotStarted):
+        out.fail()
+    status, out = out
+    assert status == 128 + signal.SIGTERM, out[-3000:]
+    done = int(re.findall(r"SIGTERM: The run stopped after round (\d+), checkpoint (\S+);", out)[0][0])
+    assert 2 <= done < rounds and "resume with --ckpt_path last" in out, out[-3000:]
+    assert "SIGTERM received" not in out  # Ray's abort
+    ckpt = torch.load(tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["epoch"] == done - 1
+    straight = run_cli(data_root, tmp_path / "fit", rounds=done, model="fedrcl.algorithms.FedAvg")
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(ckpt["state_dict"][key], value), key

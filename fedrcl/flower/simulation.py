@@ -8,18 +8,27 @@ how long the nodes took to answer), one virtual SuperNode per fedrcl client (``-
 actor with ``--cpus-per-client`` CPUs (default: all of them, so one actor trains the round's clients one
 after another, as ``fedrcl fit`` does). Writes the run folder ``fedrcl fit`` would write; ``--ckpt_path
 last`` (or a file) resumes a run from its checkpoint, as ``fedrcl fit --ckpt_path`` does.
+
+SIGTERM and Ctrl-C to this process stop the run after the round in progress, checkpointed, as ``fedrcl fit``
+does: the command says how to resume and exits with 128 + the signal's number (143 for SIGTERM). Ray's driver
+takes SIGTERM over when it connects (the simulation then aborted, nothing checkpointed), so Ray is started here
+(``start_ray``) and fedrcl's ``StopSignal`` installed after it. A signal sent to Ray's worker processes too (a
+whole process group) ends the clients of the round in progress: that round is lost, the last checkpoint stays.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
 from fedrcl.cli import report_user_error, split_ckpt_path
 from fedrcl.federated.checkpoint import check_usable, local_checkpoint
+from fedrcl.federated.preemption import StopSignal
 from fedrcl.flower.config import Args, as_args, build
 from fedrcl.output import quiet_when_closed
 
@@ -46,7 +55,6 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
         num_supernodes = build([*split_ckpt_path(args)[0], "--trainer.logger", "false"]).datamodule.num_clients
     resources: dict[str, ConfigRecordValues] = {"num_cpus": cpus_per_client or os.cpu_count() or 1,
                                                 "num_gpus": 0.0}
-    server_app = make_server_app(args, timeout=round_timeout, more=[as_args(m) for m in more])
     update_console_handler(colored=sys.stderr.isatty())  # no colour codes in a redirected log
     if not sys.stdout.isatty():
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # Ray's "(ClientAppActor pid=...)" prefix, uncoloured
@@ -57,11 +65,31 @@ def simulate(args: Args, num_supernodes: Optional[int] = None, cpus_per_client: 
     quiet_flower_log()
     deprecation = DeprecatedOnPurpose()
     FLOWER_LOGGER.addFilter(deprecation)
+    in_main_thread = threading.current_thread() is threading.main_thread()  # where signals can be handled
+    if in_main_thread:
+        start_ray()
     try:
-        run_simulation(server_app, make_client_app(), num_supernodes=num_supernodes,
-                       backend_config={"client_resources": resources}, verbose_logging=verbose)
+        with StopSignal() if in_main_thread else contextlib.nullcontext() as stop:
+            server_app = make_server_app(args, timeout=round_timeout, more=[as_args(m) for m in more], stop=stop)
+            run_simulation(server_app, make_client_app(), num_supernodes=num_supernodes,
+                           backend_config={"client_resources": resources}, verbose_logging=verbose)
     finally:
         FLOWER_LOGGER.removeFilter(deprecation)
+    if stop is not None and stop.signum is not None:  # the ServerApp said where the run stopped and how to resume
+        raise SystemExit(128 + stop.signum)
+
+
+def start_ray() -> None:
+    """Start Ray as Flower's Ray backend would (no dashboard; every actor sees this process's ``sys.path``, as
+    ``PYTHONPATH``), which then finds it started. Ray's driver installs its own SIGTERM handling when it connects;
+    starting it before fedrcl's ``StopSignal`` lets fedrcl's handler take SIGTERM."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    os.environ["PYTHONPATH"] = pythonpath
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, include_dashboard=False)
 
 
 class DeprecatedOnPurpose(logging.Filter):
