@@ -168,7 +168,9 @@ def test_a_user_callbacks_round_hooks_run_in_fit_and_together(data_root, tmp_pat
 
 
 def test_a_callbacks_step_hooks_are_named_as_not_run():
-    """``not_run`` names fedrcl's analysis callbacks and each user callback's per-step hooks, not its round hooks."""
+    """``not_run`` names each user callback's per-step hooks, not its round hooks, and the ``RoundCallback``s (fedrcl's
+    analysis callbacks) where the clients' local models are not in the process (Flower), not where they are (seeds
+    together)."""
     from types import SimpleNamespace
 
     import lightning as L
@@ -184,6 +186,7 @@ def test_a_callbacks_step_hooks_are_named_as_not_run():
     callbacks = [RoundHooks("x"), PerStep(), RepresentationMonitor(every_n_rounds=1)]
     trainer = SimpleNamespace(callbacks=callbacks)
     assert not_run(trainer) == ["RepresentationMonitor", "PerStep.on_train_batch_end"]
+    assert not_run(trainer, local_models=True) == ["PerStep.on_train_batch_end"]
     assert round_callbacks(trainer) == callbacks[:2]
 
 

@@ -96,3 +96,37 @@ def test_client_evaluation_end_to_end(data_root, tmp_path):
     assert (log_dir / "client_evaluation.png").stat().st_size > 0
     assert not list(log_dir.glob("*.tmp*"))
     assert (scalars["time/client_eval_seconds"][1] > 0).all()
+
+
+def test_analysis_callbacks_run_in_seeds_together_as_in_each_seeds_fit(data_root, tmp_path, capsys):
+    """``RoundCallback``s run in seeds together (the clients' local models are in the process): ClientEvaluation's
+    and RepresentationMonitor's scalars (the local models' ones included) and ClientEvaluation's table of each seed
+    trained together are those of its own fit (float64, 1e-9), and the run names neither as not run."""
+    from fedrcl import seeds
+    from test_together import args, scalars
+
+    extra = ("--trainer.precision", "64-true",
+             "--trainer.callbacks+=fedrcl.analysis.ClientEvaluation", "--trainer.callbacks.init_args.every_n_rounds", "1",
+             "--trainer.callbacks+=fedrcl.analysis.RepresentationMonitor",
+             "--trainer.callbacks.init_args.every_n_rounds", "1", "--trainer.callbacks.init_args.num_samples", "200")
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "together", *extra, rounds=2)])
+    out = capsys.readouterr().out
+    assert "--together:" not in out and "does not run" not in out, out  # together, every callback run
+    seeds.main(["--seeds", "0", "1", *args(data_root, tmp_path / "alone", *extra, rounds=2)])
+    for seed in (0, 1):
+        together, alone = scalars(tmp_path / "together", seed), scalars(tmp_path / "alone", seed)
+        analysis = sorted(t for t in alone if t.startswith(("clients/", "repr/")))
+        assert {"clients/global_mix_acc_mean", "clients/local_test_acc_mean", "repr/local/level0/vci"} <= set(analysis)
+        assert set(analysis) <= set(together)
+        for tag in analysis:
+            assert [s for s, _ in together[tag]] == [s for s, _ in alone[tag]] == [1, 2], tag
+            assert [v for _, v in together[tag]] == pytest.approx([v for _, v in alone[tag]], rel=1e-9, abs=1e-12), tag
+        folder = Path("quickstart") / f"seed{seed}" / "version_0"
+        rows = {name: read_csv(tmp_path / name / folder) for name in ("together", "alone")}
+        assert len(rows["together"]) == len(rows["alone"]) == 2 * 10
+        for a, b in zip(rows["together"], rows["alone"]):
+            assert a.keys() == b.keys() and a["client_id"] == b["client_id"] and a["round"] == b["round"]
+            for key in ("global_mix_acc", "local_test_acc", "local_own_mix_acc"):
+                assert (a[key] == "") == (b[key] == "")
+                if a[key]:
+                    assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-9), key

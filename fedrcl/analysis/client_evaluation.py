@@ -146,8 +146,10 @@ class ClientEvaluation(RoundCallback):
     @torch.no_grad()
     def class_counts_correct(self, backbone: nn.Module, datamodule: Any,
                              state: Optional[Mapping[str, Tensor]] = None) -> tuple[Tensor, Tensor]:
-        """Per-class ``(correct, total)`` on the test set of ``backbone`` (with the weights ``state``)."""
+        """Per-class ``(correct, total)`` on the test set of ``backbone`` (with the weights ``state``; the images in
+        the weights' dtype: float64 under ``--trainer.precision 64-true``)."""
         images, labels = self.test_set(datamodule)
+        images = images.to(next(backbone.parameters()).dtype)
         was_training = backbone.training
         backbone.eval()
         try:
@@ -173,9 +175,9 @@ class ClientEvaluation(RoundCallback):
         self._seconds += time.perf_counter() - started
 
     # -- the global model, after the round ------------------------------------------------------------------
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def round_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         if not self._due(trainer):
-            return
+            return {}
         started = time.perf_counter()
         backbone, dm = pl_module.backbone, datamodule_of(trainer)
         assert isinstance(backbone, nn.Module)  # a fedrcl client algorithm's
@@ -203,8 +205,7 @@ class ClientEvaluation(RoundCallback):
             self.ledger.add("evaluation", global_seconds)
         metrics["time/client_eval_seconds"] = self._seconds + global_seconds
         self._seconds = 0.0
-        for key, value in metrics.items():
-            pl_module.log(key, value, on_step=False, on_epoch=True)
+        return metrics
 
     def _write(self, log_dir: Path, round_number: int, global_mix: Tensor,
                local: list[tuple[float, float]]) -> None:

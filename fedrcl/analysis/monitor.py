@@ -98,9 +98,9 @@ class RepresentationMonitor(RoundCallback):
                     self._local[key].copy_(value)
 
     # -- measuring ----------------------------------------------------------------------------------------
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def round_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         if not self._due(trainer):
-            return
+            return {}
         started = time.perf_counter()
         client_id = self._client_id
         backbone, dm = pl_module.backbone, datamodule_of(trainer)
@@ -111,8 +111,7 @@ class RepresentationMonitor(RoundCallback):
             metrics.update({k.replace("repr/", "repr/local/", 1): v for k, v in local.items()})
             self._local = None
         metrics["time/repr_seconds"] = time.perf_counter() - started
-        for key, value in metrics.items():
-            pl_module.log(key, value, on_step=False, on_epoch=True)
+        return metrics
 
     def test_subset(self, datamodule: Any) -> tuple[Tensor, Tensor]:
         """The fixed test subset: normalised images and labels, on the data's device (built once)."""
@@ -156,7 +155,9 @@ class RepresentationMonitor(RoundCallback):
 
 def _forward(backbone: nn.Module, state: Optional[dict[str, Tensor]], images: Tensor,
              batch_size: int) -> tuple[Tensor, list[Tensor], Tensor]:
-    """Logits, per-level features and classifier input of ``images``, in chunks of ``batch_size``."""
+    """Logits, per-level features and classifier input of ``images`` (in the weights' dtype: float64 under
+    ``--trainer.precision 64-true``), in chunks of ``batch_size``."""
+    images = images.to(next(backbone.parameters()).dtype)
     inputs: list[Tensor] = []
     head = getattr(backbone, "fc", None)
     handle = head.register_forward_pre_hook(lambda _, args: inputs.append(args[0])) \

@@ -3,8 +3,8 @@ and Flower's server (``fedrcl.flower.server``).
 
 Such a driver builds the run as ``fedrcl fit`` does (same objects, seeds, initial weights), then runs its own
 rounds; ``DrivenRun`` is one federation's run for every driver: the round's end written once (scalars, the
-round's line, user callbacks' round hooks, the round's checkpoint, ``trainer.max_time``, the privacy budget, the
-closing summary). The functions give it the rest of ``fedrcl fit``'s run folder: the module attached and set up
+round's line, user callbacks' round hooks, ``RoundCallback``s' ``round_metrics`` where the clients' local models are
+in this process, the round's checkpoint, ``trainer.max_time``, the privacy budget, the closing summary). The functions give it the rest of ``fedrcl fit``'s run folder: the module attached and set up
 for fitting, ``--ckpt_path`` resumed (``open_run``), ``config.yaml``, ``split.json``, checkpoint callbacks and
 the TensorBoard layout (``write_run_folder``), central evaluation (``evaluate``), each round's scalars with
 TensorBoard's accuracy copies (``log_round``), and round checkpoints that ``--ckpt_path last`` of ``fedrcl fit``
@@ -14,7 +14,7 @@ reads (``save_round``). What of the config's callbacks such a run does not call 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import lightning as L
@@ -23,10 +23,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressB
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from torch import Tensor
 
 from fedrcl.analysis.layout import ACCURACY_FIRST, ScalarLayout
+from fedrcl.contract.context import ClientContext
 from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint
-from fedrcl.federated.federation import Federation
+from fedrcl.federated.federation import Federation, RoundCallback, client_ended
 from fedrcl.federated.local_update import attach
 from fedrcl.federated.preemption import Preemption
 from fedrcl.federated.progress import SHOWN, RoundLines, RoundLog, RunClock, round_line, run_summary
@@ -48,18 +50,22 @@ OWN_CALLBACKS = (SaveConfigCallback, ModelCheckpoint, ModelSummary, ProgressBar,
 
 def round_callbacks(trainer: L.Trainer) -> list[L.Callback]:
     """The config's callbacks whose round hooks (``ROUND_HOOKS``) a driven run calls: a user's own, not fedrcl's
-    (``OWN_CALLBACKS``), nor fedrcl's analysis callbacks, which log through Lightning's loop (``not_run``)."""
+    (``OWN_CALLBACKS``, fedrcl's analysis callbacks: ``RoundCallback``s, which a driven run calls as such)."""
     return [c for c in trainer.callbacks  # type: ignore[attr-defined]
             if not isinstance(c, OWN_CALLBACKS) and not type(c).__module__.startswith("fedrcl.")]
 
 
-def not_run(trainer: L.Trainer) -> list[str]:
+def client_callbacks(trainer: L.Trainer) -> list[RoundCallback]:
+    """The config's ``RoundCallback``s (fedrcl's analysis callbacks, a user's own)."""
+    return [c for c in trainer.callbacks if isinstance(c, RoundCallback)]  # type: ignore[attr-defined]
+
+
+def not_run(trainer: L.Trainer, local_models: bool = False) -> list[str]:
     """What of the config's callbacks a driven run does not call (its rounds are not Lightning's), named before
-    it starts: fedrcl's analysis callbacks (``RoundCallback``'s ``on_client_end`` needs each client's local model
-    inside Lightning's round loop, and they log through it), and each user callback's per-step or evaluation-loop
-    hook (``STEP_HOOKS``; its round hooks run)."""
-    named = [type(c).__name__ for c in trainer.callbacks  # type: ignore[attr-defined]
-             if not isinstance(c, OWN_CALLBACKS) and type(c).__module__.startswith("fedrcl.")]
+    it starts: each user callback's per-step or evaluation-loop hook (``STEP_HOOKS``; its round hooks run) and,
+    where the clients' local models are not in this process (``local_models`` false: Flower's nodes hold them),
+    every ``RoundCallback`` (``on_client_end`` and ``round_metrics``; seeds together call both)."""
+    named = [] if local_models else [type(c).__name__ for c in client_callbacks(trainer)]
     for callback in round_callbacks(trainer):
         named += [f"{type(callback).__name__}.{hook}" for hook in STEP_HOOKS
                   if getattr(type(callback), hook) is not getattr(L.Callback, hook)]
@@ -79,6 +85,7 @@ class DrivenRun:
     module: Any
     datamodule: Any
     say: Callable[[str], None] = print  # how its lines are told (a seed's begin with ``seed k:``)
+    local_models: bool = False  # the clients' local models are in this process: ``RoundCallback``s run
     next_round: int = 0
     steps: int = 0  # the clients' local steps so far (``global_step``)
     clock: RunClock = dataclasses.field(default_factory=RunClock)
@@ -107,6 +114,11 @@ class DrivenRun:
         """A round begins: the callbacks' ``on_train_epoch_start``."""
         self._call("on_train_epoch_start")
 
+    def client_ended(self, client: ClientContext, local_state: Mapping[str, Tensor]) -> None:
+        """A client of the round has finished (``local_state``: its weights): the ``RoundCallback``s see it."""
+        assert self.local_models, "RoundCallbacks need the clients' local models in this process"
+        client_ended(self.trainer, self.module, client, local_state, self.trainer.federation.ledger)
+
     def end_round(self, steps: int, train: dict[str, float], seconds: float,
                   accuracies: Optional[dict[str, float]] = None,
                   extra: Optional[dict[str, float]] = None) -> dict[str, float]:
@@ -120,6 +132,8 @@ class DrivenRun:
             metrics.update({**accuracies, **module.accuracy_emas(accuracies)})
         privacy = trainer.federation.privacy
         metrics.update(privacy.metrics() if privacy is not None else {})
+        for callback in client_callbacks(trainer) if self.local_models else ():
+            metrics.update(callback.round_metrics(trainer, module))
         _, ledger = trainer.federation.ledger.metrics()
         log_round(trainer, round_idx, {**metrics, **ledger, **(extra or {})})
         shown: dict[str, Any] = {k: metrics[k] for k in SHOWN if k in metrics}
@@ -158,6 +172,8 @@ class DrivenRun:
 
     def _call(self, hook: str) -> None:
         for callback in round_callbacks(self.trainer):
+            if getattr(type(callback), hook) is getattr(RoundCallback, hook, None):
+                continue  # RoundCallback's own fit-loop logging of ``round_metrics``: ``end_round`` logs them
             getattr(callback, hook)(self.trainer, self.module)
 
 

@@ -77,9 +77,12 @@ def count_client_steps(trainer: L.Trainer, steps: int) -> None:
 
 
 class RoundCallback(L.Callback):
-    """A Lightning callback that also sees each client's local model: ``on_client_end`` runs at each
-    client's end, before aggregation, in ``fedrcl fit`` (not on Flower, which refuses such callbacks).
-    ``ledger`` is the run's ``RoundLedger``, handed in at setup (``ledger.add("evaluation", seconds)``)."""
+    """A Lightning callback that also sees each client's local model: ``on_client_end`` runs at each client's
+    end, before aggregation, and ``round_metrics`` once the round's new global model is in place; its scalars are
+    logged with the round's. Both run wherever the clients' local models are in this process: ``fedrcl fit``
+    (batched or not, several processes) and seeds together; not on Flower, whose clients' models stay on the
+    nodes (the run names such callbacks before it starts). ``ledger`` is the run's ``RoundLedger``, handed in at
+    setup (``ledger.add("evaluation", seconds)``)."""
 
     ledger: Optional[RoundLedger] = None
 
@@ -87,6 +90,25 @@ class RoundCallback(L.Callback):
                       local_state: Mapping[str, Tensor]) -> None:
         """Client ``client`` has finished; ``local_state`` is its weights (the model's own tensors: read
         them here, copy what you keep)."""
+
+    def round_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+        """The round has ended (``pl_module`` holds the new global model, ``trainer.current_epoch`` is the
+        round's index): the scalars to log with the round's."""
+        return {}
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """In Lightning's fit loop: ``round_metrics`` logged with the round's scalars."""
+        for key, value in self.round_metrics(trainer, pl_module).items():
+            pl_module.log(key, value, on_step=False, on_epoch=True)
+
+
+def client_ended(trainer: L.Trainer, pl_module: L.LightningModule, client: ClientContext,
+                 local_state: Mapping[str, Tensor], ledger: RoundLedger) -> None:
+    """Every ``RoundCallback``'s ``on_client_end`` for a finished client, its time counted as evaluation."""
+    with ledger.timed("evaluation"):
+        for callback in trainer.callbacks:  # type: ignore[attr-defined]
+            if isinstance(callback, RoundCallback):
+                callback.on_client_end(trainer, pl_module, client, local_state)
 
 
 class Federation(L.Callback):
@@ -245,10 +267,7 @@ class Federation(L.Callback):
     def _fold(self, trainer: L.Trainer, pl_module: L.LightningModule, run: ClientRun, result: ClientResult) -> None:
         """A client has finished (its weights are in the backbone): the round callbacks' ``on_client_end``,
         then the server round takes it (divergence check, bytes, upload, weighted sum)."""
-        with self.ledger.timed("evaluation"):
-            for callback in trainer.callbacks:  # type: ignore[attr-defined]
-                if isinstance(callback, RoundCallback):
-                    callback.on_client_end(trainer, pl_module, run.client, result.weights)
+        client_ended(trainer, pl_module, run.client, result.weights, self.ledger)
         assert self.round is not None
         self.round.add(run.client.client_id, result)
 

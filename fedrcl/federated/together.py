@@ -53,7 +53,7 @@ from fedrcl.data.datamodule import EvalBatches
 from fedrcl.federated.divergence import DivergenceError
 from fedrcl.federated.driven import DrivenRun, not_run, open_run
 from fedrcl.federated.run_folder import hold_run_folders
-from fedrcl.federated.round import ClientRun, ServerRound
+from fedrcl.federated.round import ClientResult, ClientRun, ServerRound
 from fedrcl.federated.sampling import sample_clients
 from fedrcl.federated.stacked import MIXED, StackedRound, stacked_step
 from fedrcl.contract.step_mask import client_rows, masked_batch
@@ -76,7 +76,7 @@ class SeedRun(DrivenRun):
 
     def __init__(self, key: Hashable, cli: Any, label: str):
         super().__init__(cli.trainer, cli.model, cli.datamodule,
-                         say=lambda line: print(f"{label}: {line}", flush=True))
+                         say=lambda line: print(f"{label}: {line}", flush=True), local_models=True)
         self.key, self.label, self.cli = key, label, cli
         self.seed = cli.trainer.federation.seed
 
@@ -237,7 +237,7 @@ class Cohort:
 
     def _open(self) -> None:
         """Name what of the callbacks is not run, then open every seed's run (``DrivenRun.open``)."""
-        ignored = not_run(self.seeds[0].trainer)
+        ignored = not_run(self.seeds[0].trainer, local_models=True)
         if ignored:
             rank_zero_info(f"{self.prog} --together does not run these trainer.callbacks: {', '.join(ignored)}")
         for run in self.seeds:
@@ -264,7 +264,12 @@ class Cohort:
         the others go on); the new global models are evaluated together; each seed's scalars, line, checkpoint."""
         folded = []
         for s, (run, server_round) in enumerate(zip(active, rounds)):
-            stacked.finish(s, lambda run, result: server_round.add(run.client.client_id, result))
+            def fold(client: ClientRun, result: ClientResult, seed: SeedRun = run,
+                     server_round: ServerRound = server_round) -> None:
+                seed.client_ended(client.client, result.weights)  # the RoundCallbacks see its local model
+                server_round.add(client.client.client_id, result)
+
+            stacked.finish(s, fold)
             try:
                 load_state_(run.module.backbone, server_round.finish())
             except DivergenceError as error:
