@@ -106,7 +106,8 @@ def test_analysis_callbacks_run_in_seeds_together_as_in_each_seeds_fit(data_root
     from test_together import args, scalars
 
     extra = ("--trainer.precision", "64-true",
-             "--trainer.callbacks+=fedrcl.analysis.ClientEvaluation", "--trainer.callbacks.init_args.every_n_rounds", "1",
+             "--trainer.callbacks+=fedrcl.analysis.ClientEvaluation",
+             "--trainer.callbacks.init_args.every_n_rounds", "1",
              "--trainer.callbacks+=fedrcl.analysis.RepresentationMonitor",
              "--trainer.callbacks.init_args.every_n_rounds", "1", "--trainer.callbacks.init_args.num_samples", "200")
     seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "together", *extra, rounds=2)])

@@ -4,12 +4,12 @@ and Flower's server (``fedrcl.flower.server``).
 Such a driver builds the run as ``fedrcl fit`` does (same objects, seeds, initial weights), then runs its own
 rounds; ``DrivenRun`` is one federation's run for every driver: the round's end written once (scalars, the
 round's line, user callbacks' round hooks, ``RoundCallback``s' ``round_metrics`` where the clients' local models are
-in this process, the round's checkpoint, ``trainer.max_time``, the privacy budget, the closing summary). The functions give it the rest of ``fedrcl fit``'s run folder: the module attached and set up
-for fitting, ``--ckpt_path`` resumed (``open_run``), ``config.yaml``, ``split.json``, checkpoint callbacks and
-the TensorBoard layout (``write_run_folder``), central evaluation (``evaluate``), each round's scalars with
-TensorBoard's accuracy copies (``log_round``), and round checkpoints that ``--ckpt_path last`` of ``fedrcl fit``
-reads (``save_round``). What of the config's callbacks such a run does not call is named before it starts
-(``not_run``).
+in this process, the round's checkpoint, ``trainer.max_time``, the privacy budget, the closing summary). The
+functions give it the rest of ``fedrcl fit``'s run folder: the module attached and set up for fitting,
+``--ckpt_path`` resumed (``open_run``), ``config.yaml``, ``split.json``, checkpoint callbacks and the TensorBoard
+layout (``write_run_folder``), central evaluation (``evaluate``), each round's scalars with TensorBoard's accuracy
+copies (``log_round``), and round checkpoints that ``--ckpt_path last`` of ``fedrcl fit`` reads (``save_round``).
+What of the config's callbacks such a run does not call is named before it starts (``not_run``).
 """
 from __future__ import annotations
 
