@@ -313,9 +313,10 @@ def test_the_time_of_a_run_and_when_it_is_worth_a_warning():
     # ResNet-18 width 64, the paper's 1000 rounds of 5 clients x 50 steps, at about 1 s a step on one CPU thread
     paper = long_run_warning(run_seconds(1.0, 250, 1000), "1 s a step", "cpu", "cifar10")
     assert paper is not None and "about 2.9 days on this cpu (1 s a step;" in paper, paper
-    assert paper.endswith("configs/cpu/cifar10_a01_cnn.yaml, configs/cpu/cifar10_a01_resnet8.yaml"), paper
-    assert cpu_scale_configs("cifar10") == ["configs/cpu/cifar10_a01_cnn.yaml",
-                                            "configs/cpu/cifar10_a01_resnet8.yaml"]
+    assert paper.endswith("configs/cpu/cifar10_a01_cnn.yaml, configs/cpu/cifar10_a01_resnet8.yaml, "
+                          "configs/cpu/cifar10_unbalanced_cnn.yaml"), paper
+    assert cpu_scale_configs("cifar10") == ["configs/cpu/cifar10_a01_cnn.yaml", "configs/cpu/cifar10_a01_resnet8.yaml",
+                                            "configs/cpu/cifar10_unbalanced_cnn.yaml"]
     other = long_run_warning(run_seconds(1.0, 250, 1000), "1 s a step", "cpu", "cifar100")
     assert other is not None and "no CPU-scale config of cifar100" in other and "--trainer.rounds" in other
     gpu = long_run_warning(2 * 86400, "0.3 s a step", "cuda", "cifar10")

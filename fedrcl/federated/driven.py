@@ -3,7 +3,7 @@ and Flower's server (``fedrcl.flower.server``).
 
 Such a driver builds the run as ``fedrcl fit`` does (same objects, seeds, initial weights), then runs its own
 rounds; ``DrivenRun`` is one federation's run for every driver: the round's end written once (scalars, the
-round's line, user callbacks' round hooks, ``RoundCallback``s' ``round_metrics`` where the clients' local models are
+round's line, user callbacks' round hooks, the ``round_metrics`` of ``RoundCallback`` objects where the clients' local models are
 in this process, the round's checkpoint, ``trainer.max_time``, the privacy budget, the closing summary). The
 functions give it the rest of ``fedrcl fit``'s run folder: the module attached and set up for fitting,
 ``--ckpt_path`` resumed (``open_run``), ``config.yaml``, ``split.json``, checkpoint callbacks and the TensorBoard
@@ -50,13 +50,13 @@ OWN_CALLBACKS = (SaveConfigCallback, ModelCheckpoint, ModelSummary, ProgressBar,
 
 def round_callbacks(trainer: L.Trainer) -> list[L.Callback]:
     """The config's callbacks whose round hooks (``ROUND_HOOKS``) a driven run calls: a user's own, not fedrcl's
-    (``OWN_CALLBACKS``, fedrcl's analysis callbacks: ``RoundCallback``s, which a driven run calls as such)."""
+    (``OWN_CALLBACKS``, and fedrcl's analysis callbacks, ``RoundCallback`` objects that a driven run calls as such)."""
     return [c for c in trainer.callbacks  # type: ignore[attr-defined]
             if not isinstance(c, OWN_CALLBACKS) and not type(c).__module__.startswith("fedrcl.")]
 
 
 def client_callbacks(trainer: L.Trainer) -> list[RoundCallback]:
-    """The config's ``RoundCallback``s (fedrcl's analysis callbacks, a user's own)."""
+    """The config's ``RoundCallback`` objects (fedrcl's analysis callbacks, a user's own)."""
     return [c for c in trainer.callbacks if isinstance(c, RoundCallback)]  # type: ignore[attr-defined]
 
 
@@ -85,7 +85,7 @@ class DrivenRun:
     module: Any
     datamodule: Any
     say: Callable[[str], None] = print  # how its lines are told (a seed's begin with ``seed k:``)
-    local_models: bool = False  # the clients' local models are in this process: ``RoundCallback``s run
+    local_models: bool = False  # the clients' local models are in this process: ``RoundCallback`` objects run
     next_round: int = 0
     steps: int = 0  # the clients' local steps so far (``global_step``)
     clock: RunClock = dataclasses.field(default_factory=RunClock)
@@ -115,7 +115,7 @@ class DrivenRun:
         self._call("on_train_epoch_start")
 
     def client_ended(self, client: ClientContext, local_state: Mapping[str, Tensor]) -> None:
-        """A client of the round has finished (``local_state``: its weights): the ``RoundCallback``s see it."""
+        """A client of the round has finished (``local_state``: its weights): every ``RoundCallback`` sees it."""
         assert self.local_models, "RoundCallbacks need the clients' local models in this process"
         client_ended(self.trainer, self.module, client, local_state, self.trainer.federation.ledger)
 
