@@ -70,6 +70,15 @@ def test_curves_are_grouped_by_method_and_drawn_with_their_band(two_methods):
     assert fedrcl_band.max() == 100.0 and fedrcl_band.min() == pytest.approx(65.0 - 12.706204736 * 5.0, abs=1e-3)
 
 
+def test_up_to_twenty_curves_have_twenty_colours():
+    """matplotlib's own cycle repeats after ten: an eleventh method drew in the first one's colour."""
+    curve = {"val/acc": (np.arange(1, 4), np.array([0.1, 0.2, 0.3]))}
+    for n in (3, 11, 20):
+        fig = plot_seed_groups({f"m{k}": [curve] for k in range(n)}, ["val/acc"])
+        colours = {tuple(matplotlib.colors.to_rgba(line.get_color())) for line in fig.axes[0].lines}
+        assert len(colours) == n
+
+
 def test_fedrcl_plot_writes_png_and_svg_and_prints_the_table(two_methods, tmp_path, capsys):
     main([f"Baseline={two_methods / 'fedavg'}", str(two_methods / "fedrcl"), "--out", str(tmp_path / "fig.png"),
           "--tags", "val/acc_ema", "--rounds", "5", "10"])

@@ -29,6 +29,15 @@ def _axes(ax: Any, figsize: tuple[float, float]) -> tuple[Any, Any]:
     return ax.figure, ax
 
 
+def distinct_colours(n: int) -> np.ndarray:
+    """``n`` RGBA colours, no two alike up to 20 (tab10, then tab20), then spread over turbo: matplotlib's own
+    cycle repeats after 10, so an 11th curve took the first one's colour."""
+    import matplotlib as mpl
+
+    cmap = mpl.colormaps["tab10" if n <= 10 else "tab20" if n <= 20 else "turbo"]
+    return cmap(np.linspace(0, 1, n)) if n > 20 else cmap(np.arange(n))
+
+
 def plot_partition(counts: np.ndarray, ax: Any = None, scale: Literal["dataset", "client"] = "dataset",
                    title: Optional[str] = None) -> Any:
     """The clients' label distributions as stacked bars (the supplement's figure).
@@ -45,8 +54,6 @@ def plot_partition(counts: np.ndarray, ax: Any = None, scale: Literal["dataset",
             bar sums to 1).
         title: the axes' title.
     """
-    import matplotlib as mpl
-
     counts = np.asarray(counts, dtype=np.float64)
     if counts.ndim != 2 or counts.size == 0:
         raise ValueError(f"counts must be a non-empty [num_clients, num_classes] array, got {counts.shape}")
@@ -58,8 +65,7 @@ def plot_partition(counts: np.ndarray, ax: Any = None, scale: Literal["dataset",
     denom = counts.sum() if scale == "dataset" else np.maximum(sizes, 1)[order, None]
     shares = counts[order] / denom
     fig, ax = _axes(ax, (8, 3))
-    cmap = mpl.colormaps["tab10" if num_classes <= 10 else "tab20" if num_classes <= 20 else "turbo"]
-    colours = cmap(np.linspace(0, 1, num_classes)) if num_classes > 20 else cmap(np.arange(num_classes))
+    colours = distinct_colours(num_classes)
     x, bottom = np.arange(num_clients), np.zeros(num_clients)
     for c in range(num_classes):
         ax.bar(x, shares[:, c], bottom=bottom, width=1.0, color=colours[c], linewidth=0,
@@ -155,16 +161,17 @@ def plot_seed_groups(groups: Mapping[str, Sequence[Mapping[str, Curve]]],
 
     fig, axes = plt.subplots(1, len(tags), figsize=(5.5 * len(tags), 4), squeeze=False, layout="constrained")
     seeded = any(len(runs) > 1 for runs in groups.values())
+    colours = distinct_colours(len(groups))
     for ax, tag in zip(axes[0], tags):
         scale = 100.0 if tag.rsplit("/", 1)[-1].startswith("acc") else 1.0
-        for label, runs in groups.items():
+        for index, (label, runs) in enumerate(groups.items()):
             missing = [i for i, scalars in enumerate(runs) if tag not in scalars]
             if missing:
                 raise ValueError(f"{label}: {len(missing)} of its {len(runs)} runs logged no {tag!r}")
             rounds, values = align([scalars[tag] for scalars in runs])
             with np.errstate(invalid="ignore"):  # a NaN or infinite point leaves a gap (fedrcl plot notes it)
                 mean, half = mean_band(scale * values, band)
-            line, = ax.plot(rounds, mean, lw=1.3, label=f"{label} (n={len(runs)})")
+            line, = ax.plot(rounds, mean, lw=1.3, label=f"{label} (n={len(runs)})", color=colours[index])
             if len(runs) > 1:
                 low, high = mean - half, mean + half
                 if scale == 100.0:
