@@ -178,16 +178,21 @@ def test_a_callbacks_step_hooks_are_named_as_not_run():
 
     from fedrcl.analysis import RepresentationMonitor
     from fedrcl.federated.driven import not_run, round_callbacks
+    from fedrcl.federated.federation import RoundCallback
 
     class PerStep(L.Callback):
         def on_train_batch_end(self, *args):
             pass
 
-    callbacks = [RoundHooks("x"), PerStep(), RepresentationMonitor(every_n_rounds=1)]
+    class PerClient(RoundCallback):
+        def on_client_end(self, *args):
+            pass
+
+    callbacks = [RoundHooks("x"), PerStep(), RepresentationMonitor(every_n_rounds=1), PerClient()]
     trainer = SimpleNamespace(callbacks=callbacks)
-    assert not_run(trainer) == ["RepresentationMonitor", "PerStep.on_train_batch_end"]
+    assert not_run(trainer) == ["RepresentationMonitor", "PerClient.on_client_end", "PerStep.on_train_batch_end"]
     assert not_run(trainer, local_models=True) == ["PerStep.on_train_batch_end"]
-    assert round_callbacks(trainer) == callbacks[:2]
+    assert round_callbacks(trainer) == [callbacks[0], callbacks[1], callbacks[3]]
 
 
 def test_the_quickstart_as_shipped_trains_batched_and_together(data_root, tmp_path, capsys, caplog):

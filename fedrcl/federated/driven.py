@@ -64,8 +64,16 @@ def not_run(trainer: L.Trainer, local_models: bool = False) -> list[str]:
     """What of the config's callbacks a driven run does not call (its rounds are not Lightning's), named before
     it starts: each user callback's per-step or evaluation-loop hook (``STEP_HOOKS``; its round hooks run) and,
     where the clients' local models are not in this process (``local_models`` false: Flower's nodes hold them),
-    every ``RoundCallback`` (``on_client_end`` and ``round_metrics``; seeds together call both)."""
-    named = [] if local_models else [type(c).__name__ for c in client_callbacks(trainer)]
+    the ``RoundCallback`` parts: fedrcl's analysis callbacks whole, a user's ``on_client_end`` and ``round_metrics``
+    (seeds together call both)."""
+    named = []
+    for callback in client_callbacks(trainer) if not local_models else ():
+        name = type(callback).__name__
+        if callback not in round_callbacks(trainer):  # fedrcl's own: nothing of it runs
+            named.append(name)
+        else:  # a user's: its round hooks run, not these
+            named += [f"{name}.{hook}" for hook in ("on_client_end", "round_metrics")
+                      if getattr(type(callback), hook) is not getattr(RoundCallback, hook)]
     for callback in round_callbacks(trainer):
         named += [f"{type(callback).__name__}.{hook}" for hook in STEP_HOOKS
                   if getattr(type(callback), hook) is not getattr(L.Callback, hook)]
