@@ -67,13 +67,13 @@ def not_run(trainer: L.Trainer, local_models: bool = False) -> list[str]:
     the ``RoundCallback`` parts: fedrcl's analysis callbacks whole, a user's ``on_client_end`` and ``round_metrics``
     (seeds together call both)."""
     named = []
-    for callback in client_callbacks(trainer) if not local_models else ():
-        name = type(callback).__name__
-        if callback not in round_callbacks(trainer):  # fedrcl's own: nothing of it runs
+    for client_callback in client_callbacks(trainer) if not local_models else ():
+        name = type(client_callback).__name__
+        if client_callback not in round_callbacks(trainer):  # fedrcl's own: nothing of it runs
             named.append(name)
         else:  # a user's: its round hooks run, not these
             named += [f"{name}.{hook}" for hook in ("on_client_end", "round_metrics")
-                      if getattr(type(callback), hook) is not getattr(RoundCallback, hook)]
+                      if getattr(type(client_callback), hook) is not getattr(RoundCallback, hook)]
     for callback in round_callbacks(trainer):
         named += [f"{type(callback).__name__}.{hook}" for hook in STEP_HOOKS
                   if getattr(type(callback), hook) is not getattr(L.Callback, hook)]
