@@ -50,7 +50,7 @@ def work_unit(nodeid: str) -> str:
 # workers take them first, longest first, so that none starts alone near the end (xdist's own order, most
 # tests first, left mypy's single test and the notebooks last). Other files follow in xdist's order; a stale
 # figure costs time, never a test.
-UNIT_SECONDS = {"flower": 450, "tests/test_client_direction.py": 110, "tests/test_check.py": 108,
+UNIT_SECONDS = {"flower": 490, "tests/test_client_direction.py": 110, "tests/test_check.py": 108,
                 "tests/test_baselines_2026_backends.py": 75,
                 "tests/test_gpu_lease.py": 95, "tests/test_reliability.py": 84, "tests/test_multiprocess.py": 59,
                 "tests/test_scaffold_feddyn.py": 57, "tests/test_batched.py": 55, "tests/test_together.py": 50,

@@ -9,7 +9,9 @@ timeout; every process group is ended on leaving, whatever happens.
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -109,3 +111,32 @@ def test_a_killed_supernode_is_survived_or_named_and_the_weights_are_fits(nodes,
     fit, flower = last_weights(tmp_path / "fit" / "quickstart" / "version_0"), last_weights(resumed)
     for key in fit:
         assert torch.equal(fit[key], flower[key]), key
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_serverapp_stops_the_run_after_the_round_checkpointed(nodes, data_root, tmp_path):
+    """A deployment's ServerApp (``flwr-serverapp``, the ServerApp in its process's main thread) stopped by SIGTERM
+    ends the run after the round in progress, as ``fedrcl fit`` does: the line that says where it stopped and how to
+    resume (streamed by ``flwr run``: before, a bare exit lost it), the run's status says why, and that round's
+    checkpoint has the weights of a ``fedrcl fit`` of as many rounds."""
+    rounds = 30
+    args = flower_args(data_root, tmp_path / "flower", "fedavg")
+    args[args.index("--trainer.rounds") + 1] = str(rounds)
+    args += ["--trainer.checkpoint_every", "100"]  # the stop's checkpoint is not a due one
+    thread, outcome = in_background(nodes, args)
+    wait_for_round(nodes, 2, thread, outcome, timeout=600)
+    apps = subprocess.run(["pgrep", "-f", "flwr-serverapp"], capture_output=True, text=True).stdout.split()
+    assert len(apps) == 1, apps  # this module's run is the only one on the machine (the Flower files share a worker)
+    os.kill(int(apps[0]), signal.SIGTERM)
+    thread.join(300)
+    assert not thread.is_alive()
+    error = str(outcome.get("error", outcome.get("out")))
+    stops = re.findall(r"SIGTERM: The run stopped after round (\d+), checkpoint (\S+);", error)
+    assert stops and "did not complete" in error and "SIGTERM after a round" in error, f"{error}\n{nodes.logs()}"
+    done = int(stops[0][0])
+    assert 2 <= done < rounds
+    ckpt = torch.load(tmp_path / "flower" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["epoch"] == done - 1
+    straight = run_cli(data_root, tmp_path / "fit", rounds=done, model="fedrcl.algorithms.FedAvg")
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(ckpt["state_dict"][key], value), key

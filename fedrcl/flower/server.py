@@ -26,9 +26,11 @@ from collections.abc import Sequence
 from typing import Optional
 
 from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.app.exception import AppExitException
 from flwr.serverapp import Grid, ServerApp
 from flwr.common import log
 from flwr.common.logger import FLOWER_LOGGER, update_console_handler
+from flwr.supercore.exit import ExitCode
 
 from fedrcl.cli import split_ckpt_path
 from fedrcl.contract.exchange import check_method
@@ -60,6 +62,14 @@ def quiet_flower_log() -> None:
         FLOWER_LOGGER.addFilter(MetricDumps())
 
 
+class ServerAppStopped(AppExitException):
+    """A deployment's ServerApp (``flwr-serverapp``) stopped by SIGTERM or Ctrl-C after a round, checkpointed:
+    raised so that Flower's own exit runs (the run's last log lines, the stop's among them, uploaded and its
+    status pushed); a bare ``SystemExit`` skipped it, and ``flwr run --stream`` never showed where the run stopped."""
+
+    exit_code = ExitCode.GRACEFUL_EXIT_SIGTERM
+
+
 class RunStopped(Exception):
     """The run stops after a round: ``trainer.max_time``, the privacy budget, or a stop signal (``signum``)."""
 
@@ -77,7 +87,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     that stops (a node not back in time, a client's error) stops the run with the last round's checkpoint
     written, and says so with the way to resume. The round's end is ``DrivenRun``'s, as for seeds together:
     ``trainer.max_time``, ``max_epsilon`` and a stop signal recorded by ``stop`` (SIGTERM, Ctrl-C) end the run
-    after a round, checkpointed, saying how to resume; the caller then exits with 128 + the signal's number.
+    after a round, checkpointed, saying how to resume; the caller then stops (``make_server_app``).
     ``secure``: each round's sum through Flower's SecAgg+ (``fedrcl.flower.secure_aggregation``; a method it cannot
     serve is refused here, before anything is written)."""
     args, ckpt_path = split_ckpt_path(as_args(args))
@@ -165,9 +175,10 @@ def make_server_app(args: Optional[Args] = None, timeout: float = 3600.0, more: 
     further runs, one after another on the same nodes (e.g. seeds, or methods compared). ``timeout``: seconds
     a round waits for its clients (the run config's ``round-timeout`` overrides it); a client that has not
     replied by then stops the run, named. ``restart_wait``: seconds a round waits for a lost node to come
-    back (the run config's ``node-restart-wait`` overrides it). ``stop``: where SIGTERM and Ctrl-C are recorded;
-    ``None``: the ServerApp's own, where it runs in the main thread (a deployment's ``flwr-serverapp``), which
-    then exits with 128 + the signal's number (in a simulation the ServerApp is a thread and Ray takes SIGTERM)."""
+    back (the run config's ``node-restart-wait`` overrides it). ``stop``: where SIGTERM and Ctrl-C are recorded
+    (``fedrcl.flower.simulation`` passes its own); ``None``: the ServerApp's own, where it runs in the main thread
+    (a deployment's ``flwr-serverapp``), which then raises ``ServerAppStopped``: Flower's exit uploads the run's
+    last log lines and reports the run ``finished:failed`` with the stop in its details."""
     app = ServerApp()
 
     @app.main()
@@ -186,6 +197,7 @@ def make_server_app(args: Optional[Args] = None, timeout: float = 3600.0, more: 
                 if signals is not None and signals.signum is not None:
                     break
         if own and signals is not None and signals.signum is not None:
-            raise SystemExit(128 + signals.signum)
+            raise ServerAppStopped(f"stopped by {signal.Signals(signals.signum).name} after a round, checkpointed "
+                                   "(the log says which, and how to resume)")
 
     return app
