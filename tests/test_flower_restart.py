@@ -123,11 +123,20 @@ def test_sigterm_to_the_serverapp_stops_the_run_after_the_round_checkpointed(nod
     args = flower_args(data_root, tmp_path / "flower", "fedavg")
     args[args.index("--trainer.rounds") + 1] = str(rounds)
     args += ["--trainer.checkpoint_every", "100"]  # the stop's checkpoint is not a due one
+
+    def round_two_lines() -> int:  # the SuperNodes' logs hold the module's earlier runs too: count, do not search
+        return sum(log.read_text(errors="replace").count("ROUND 2]") for log in nodes.workdir.glob("supernode*.log"))
+
+    before = round_two_lines()
     thread, outcome = in_background(nodes, args)
-    wait_for_round(nodes, 2, thread, outcome, timeout=600)
-    apps = subprocess.run(["pgrep", "-f", "flwr-serverapp"], capture_output=True, text=True).stdout.split()
-    assert len(apps) == 1, apps  # this module's run is the only one on the machine (the Flower files share a worker)
-    os.kill(int(apps[0]), signal.SIGTERM)
+    deadline = time.monotonic() + 600
+    while round_two_lines() == before:  # this run's round 2 has begun
+        assert thread.is_alive() and time.monotonic() < deadline, f"{outcome}\n{nodes.logs()}"
+        time.sleep(0.2)
+    # the newest ServerApp process: this run's (the Flower files share one worker, so no other deployment runs)
+    app = subprocess.run(["pgrep", "-n", "-f", "flwr-serverapp"], capture_output=True, text=True).stdout.split()
+    assert len(app) == 1, app
+    os.kill(int(app[0]), signal.SIGTERM)
     thread.join(300)
     assert not thread.is_alive()
     error = str(outcome.get("error", outcome.get("out")))
