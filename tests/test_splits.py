@@ -206,8 +206,13 @@ def test_committed_runs_all_trained_on_the_one_committed_split():
     data_runs = sorted((docs / "data_runs").rglob("config.yaml"))  # the digits' domain-skew runs: their own split
     privacy_runs = sorted((docs / "privacy_runs").rglob("config.yaml"))  # the digits' DP runs: theirs
     tuning_runs = sorted((docs / "tuning_runs").rglob("config.yaml"))  # docs/tuning.md's quickstart sweep
+    unbalanced_runs = sorted((docs / "unbalanced_runs").rglob("config.yaml"))  # FedNova's setting: its own split
     configs = [p for p in sorted(docs.rglob("config.yaml"))
-               if p not in data_runs and p not in privacy_runs and p not in tuning_runs]
+               if p not in data_runs and p not in privacy_runs and p not in tuning_runs and p not in unbalanced_runs]
+    for path in unbalanced_runs:  # configs/cpu/cifar10_unbalanced_cnn.yaml's split, data.seed 0
+        data = yaml.safe_load(path.read_text())["data"]
+        keys = data["dataset"], data["num_clients"], data["partition"], data["alpha"], data["seed"]
+        assert keys == ("cifar10", 16, "dirichlet_unbalanced", 0.1, 0), path
     for path in tuning_runs:  # the quickstart's own split (digits, 20 clients, Dirichlet 0.3), 10% held out
         data = yaml.safe_load(path.read_text())["data"]
         keys = data["dataset"], data["num_clients"], data["partition"], data["alpha"], data["seed"]
