@@ -28,7 +28,7 @@ from torch import Tensor
 from fedrcl.analysis.layout import ACCURACY_FIRST, ScalarLayout
 from fedrcl.contract.context import ClientContext
 from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint
-from fedrcl.federated.federation import Federation, RoundCallback, client_ended
+from fedrcl.federated.federation import Federation, RoundCallback, client_callbacks, client_ended
 from fedrcl.federated.local_update import attach
 from fedrcl.federated.preemption import Preemption
 from fedrcl.federated.progress import SHOWN, RoundLines, RoundLog, RunClock, round_line, run_summary
@@ -55,26 +55,21 @@ def round_callbacks(trainer: L.Trainer) -> list[L.Callback]:
             if not isinstance(c, OWN_CALLBACKS) and not type(c).__module__.startswith("fedrcl.")]
 
 
-def client_callbacks(trainer: L.Trainer) -> list[RoundCallback]:
-    """The config's ``RoundCallback`` objects (fedrcl's analysis callbacks, a user's own)."""
-    return [c for c in trainer.callbacks if isinstance(c, RoundCallback)]  # type: ignore[attr-defined]
-
-
 def not_run(trainer: L.Trainer, local_models: bool = False) -> list[str]:
     """What of the config's callbacks a driven run does not call (its rounds are not Lightning's), named before
     it starts: each user callback's per-step or evaluation-loop hook (``STEP_HOOKS``; its round hooks run) and,
     where the clients' local models are not in this process (``local_models`` false: Flower's nodes hold them),
     the ``RoundCallback`` parts: fedrcl's analysis callbacks whole, a user's ``on_client_end`` and ``round_metrics``
     (seeds together call both)."""
-    named = []
+    named, users = [], round_callbacks(trainer)
     for client_callback in client_callbacks(trainer) if not local_models else ():
         name = type(client_callback).__name__
-        if client_callback not in round_callbacks(trainer):  # fedrcl's own: nothing of it runs
+        if client_callback not in users:  # fedrcl's own: nothing of it runs
             named.append(name)
         else:  # a user's: its round hooks run, not these
             named += [f"{name}.{hook}" for hook in ("on_client_end", "round_metrics")
                       if getattr(type(client_callback), hook) is not getattr(RoundCallback, hook)]
-    for callback in round_callbacks(trainer):
+    for callback in users:
         named += [f"{type(callback).__name__}.{hook}" for hook in STEP_HOOKS
                   if getattr(type(callback), hook) is not getattr(L.Callback, hook)]
     return named

@@ -102,13 +102,17 @@ class RoundCallback(L.Callback):
             pl_module.log(key, value, on_step=False, on_epoch=True)
 
 
+def client_callbacks(trainer: L.Trainer) -> list[RoundCallback]:
+    """The config's ``RoundCallback`` objects (fedrcl's analysis callbacks, a user's own)."""
+    return [c for c in trainer.callbacks if isinstance(c, RoundCallback)]  # type: ignore[attr-defined]
+
+
 def client_ended(trainer: L.Trainer, pl_module: L.LightningModule, client: ClientContext,
                  local_state: Mapping[str, Tensor], ledger: RoundLedger) -> None:
     """Every ``RoundCallback``'s ``on_client_end`` for a finished client, its time counted as evaluation."""
     with ledger.timed("evaluation"):
-        for callback in trainer.callbacks:  # type: ignore[attr-defined]
-            if isinstance(callback, RoundCallback):
-                callback.on_client_end(trainer, pl_module, client, local_state)
+        for callback in client_callbacks(trainer):
+            callback.on_client_end(trainer, pl_module, client, local_state)
 
 
 class Federation(L.Callback):
