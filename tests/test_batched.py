@@ -87,6 +87,22 @@ def test_auto_is_sequential_on_cpu_and_bad_mode_is_an_error(data_root, tmp_path)
         ClientBatching("always")
 
 
+def test_16_mixed_trains_one_client_after_another_with_a_notice(caplog):
+    """The stacked engine has no loss scale: under 16-mixed (CUDA only, so the decision is tested without a run)
+    clients fall back, said once; bf16-mixed and 32-true stay batched."""
+    from fedrcl.algorithms import FedAvg
+    from fedrcl.models import SmallCNN
+
+    module, cuda = FedAvg(backbone=SmallCNN), torch.device("cuda")
+    batching = ClientBatching("on")
+    assert batching.applies(module, cuda, "bf16-mixed") and batching.applies(module, cuda, "32-true")
+    with caplog.at_level("INFO"):
+        assert not batching.applies(module, cuda, "16-mixed") and not batching.applies(module, cuda, "16-mixed")
+    notices = [r.getMessage() for r in caplog.records if "16-mixed" in r.getMessage()]
+    assert len(notices) == 1 and "no loss scale" in notices[0]
+    assert not ClientBatching("auto").applies(module, cuda, "16-mixed")
+
+
 def test_per_client_clip_matches_torch_clip():
     from fedrcl.federated.client_step import clipped
 

@@ -121,11 +121,11 @@ class ClientBatching:
         """How long the first compiled stacked step took (``None``: none compiled yet)."""
         return next((s.compile_seconds for s in self.steps.values() if s.compile_seconds is not None), None)
 
-    def applies(self, pl_module: Any, device: torch.device) -> bool:
-        """Whether this run's rounds train batched (a fallback is announced once per reason)."""
+    def applies(self, pl_module: Any, device: torch.device, precision: str) -> bool:
+        """Whether this run's rounds train batched in ``precision`` (a fallback is announced once per reason)."""
         if self.mode == "off" or (self.mode == "auto" and device.type != "cuda"):
             return False
-        reason = unbatchable(pl_module)
+        reason = unbatchable(pl_module, precision)
         if reason is None:
             return True
         if reason not in self._noticed:
@@ -134,12 +134,15 @@ class ClientBatching:
         return False
 
 
-def unbatchable(pl_module: Any) -> Optional[str]:
-    """Why the method's clients can never train on a stacked axis (its ``unbatchable_reason``, buffers in its
-    backbone: BatchNorm statistics are not per client, or a step of its own: ``OWN_STEP``), or ``None``."""
+def unbatchable(pl_module: Any, precision: str) -> Optional[str]:
+    """Why the method's clients can never train on a stacked axis in the run's ``precision`` (its
+    ``unbatchable_reason``, buffers in its backbone: BatchNorm statistics are not per client, a step of its own:
+    ``OWN_STEP``, or ``16-mixed``: ``UNSCALED``), or ``None``."""
     from fedrcl.algorithms.fedavg import FedAvg
 
     reason: Optional[str] = getattr(pl_module, "unbatchable_reason", None)
+    if reason is None and precision == "16-mixed":
+        reason = UNSCALED
     if reason is None and any(True for _ in pl_module.backbone.buffers()):
         reason = "the backbone has buffers (e.g. BatchNorm statistics)"
     overridden = [name for name in OWN_STEP if getattr(type(pl_module), name) is not getattr(FedAvg, name)]
@@ -148,6 +151,12 @@ def unbatchable(pl_module: Any) -> Optional[str]:
                   "method's local_loss (or client_direction) and SGD, and calls no Lightning hook of the method's "
                   "per step")
     return reason
+
+
+# Why 16-mixed trains one client after another: Lightning's gradient scaler scales one backward, which the stacked
+# engine (its own gradients and SGD) does not run; unscaled float16 gradients can underflow to zero
+UNSCALED = ("trainer.precision 16-mixed: the stacked step has no loss scale (its float16 gradients could "
+            "underflow); bf16-mixed and 32-true train batched")
 
 
 def stack_clients(tensor: Tensor, num_clients: int) -> Tensor:

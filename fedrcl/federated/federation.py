@@ -206,7 +206,7 @@ class Federation(L.Callback):
             self._plan = RoundPlan.of_clients(round_idx, mine, dm.client_num_samples, dm.client_steps_per_epoch,
                                               self.local_epochs, self.seed)
             device = trainer.strategy.root_device
-            batched = self.batching.applies(trainer.lightning_module, device)
+            batched = self.batching.applies(trainer.lightning_module, device, str(trainer.precision))
             self._plan = dataclasses.replace(self._plan, batched=batched)
         return self._plan
 

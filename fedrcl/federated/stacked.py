@@ -36,8 +36,9 @@ from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, client_view, refu
 from fedrcl.federated.client_step import ClientStep, State, StepInputs
 from fedrcl.federated.round import ClientResult, ClientRun
 
-# The dtype the stacked forward runs in under Lightning's mixed precision (autocast does not reach inside vmap)
-MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+# The dtype the stacked forward runs in under Lightning's mixed precision (autocast does not reach inside vmap;
+# 16-mixed trains one client after another: ``batched.UNSCALED``)
+MIXED = {"bf16-mixed": torch.bfloat16}
 
 
 def stacked_step(cache: dict[tuple[int, int, int], ClientStep], algorithm: Any, seeds: int, clients: int,

@@ -94,7 +94,7 @@ def static_reason(run: SeedRun) -> Optional[str]:
     module, trainer = run.module, run.trainer
     if trainer.federation.batching.mode == "off":
         return "trainer.client_batching is off"
-    reason = unbatchable(module)
+    reason = unbatchable(module, str(trainer.precision))
     if reason is None and trainer.world_size > 1:
         reason = "it runs on several devices or processes"
     return reason
