@@ -180,7 +180,8 @@ def verdict(run: BackendRun, reference: Optional[BackendRun]) -> tuple[str, str]
     if run.backend == "batched" and "clients trained one after another" in run.output:
         return f"{difference:.2g}", f"fell back ({rule}): its clients trained one after another (see its notice)"
     if run.backend == "together" and "fedrcl seeds: --together:" in run.output:
-        return f"{difference:.2g}", f"fell back ({rule}): the seeds trained one after another (see its notice)"
+        how = "each seed went on alone" if "goes on alone" in run.output else "the seeds trained one after another"
+        return f"{difference:.2g}", f"fell back ({rule}): {how} (see its notice)"
     return f"{difference:.2g}", f"agrees ({rule})"
 
 

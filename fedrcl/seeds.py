@@ -254,19 +254,15 @@ def _run_together(runs: Mapping[Any, list[str]], stop: StopSignal, labels: Optio
     """The runs (by key, with ``labels`` as in ``_run_in_process``) trained together in this process
     (``fedrcl.federated.together``); when they cannot be, said in one line, one after another
     (``_run_in_process``). An error stops every run (a fedrcl error in one line)."""
-    from fedrcl.cli import report_user_error, split_ckpt_path
+    from fedrcl.cli import report_user_error
     from fedrcl.federated.together import NotTogether, StoppedTogether, train_together
 
     what = "seed" if labels is None else "run"
     try:
         cohort = train_together(runs, stop, labels, prog)
     except NotTogether as reason:
-        if reason.continued is None:
-            print(f"{prog}: --together: {reason}; the {what}s train one after another instead", flush=True)
-            return _run_in_process(runs, stop, labels, prog)
-        print(f"{prog}: --together: {reason}; each {what} goes on alone from its checkpoint", flush=True)
-        return _run_in_process({key: [*split_ckpt_path(runs[key])[0], "--ckpt_path", "last"]
-                                for key in reason.continued}, stop, labels, prog)
+        print(f"{prog}: --together: {reason}; the {what}s train one after another instead", flush=True)
+        return _run_in_process(runs, stop, labels, prog)
     except StoppedTogether as stopped:
         left = [r.key for r in stopped.cohort.seeds if r.next_round < r.trainer.max_epochs]
         return Outcome(stopped=left, signum=stopped.signum, where=stopped.cohort.stopped_where())

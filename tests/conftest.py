@@ -5,6 +5,7 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -132,3 +133,20 @@ def run_in_process_group(command: list[str], timeout: float, cwd: Path, env: dic
             pass
     assert proc.returncode == 0, out[-6000:]
     return out
+
+
+def signal_in_round_1(monkeypatch, seed: int = 0) -> None:
+    """SIGTERM to this process at the end of ``seed``'s round 1, once the command's handler has recorded it."""
+    from fedrcl.federated.preemption import Preemption
+
+    original = Preemption.on_train_epoch_end
+
+    def signalled(self, trainer, pl_module):
+        if trainer.federation.seed == seed and trainer.current_epoch == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+            stop, deadline = signal.getsignal(signal.SIGTERM).__self__, time.monotonic() + 10
+            while stop.signum is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        original(self, trainer, pl_module)
+
+    monkeypatch.setattr(Preemption, "on_train_epoch_end", signalled)

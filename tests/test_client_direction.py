@@ -117,16 +117,15 @@ def test_scaffold_trains_together_as_its_fit(data_root, tmp_path, capsys):
 def test_server_state_at_round_start_together_equals_fit(data_root, tmp_path, capsys, name, parts):
     """A server copy that changes state when a round begins (``begin_server_round``) or is configured
     (``extra_download``): seed 0 trained beside seed 1 ends with its own fit's weights (float64, 1e-9), whether the
-    seeds stay together or part (from round 2, each going on alone from a checkpoint of the state before that round
-    began: it was written a round ahead, 0.16 apart)."""
+    seeds stay together or part (from round 2, each going on alone in its own fit; when seeds together were a loop of
+    their own, the checkpoint they went on from was written a round ahead, 0.16 apart)."""
     model = f"step_methods.{name}"
     seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "together", *FLOAT64, rounds=4,
                                                           model=model)])
     out = capsys.readouterr().out
     assert ("each seed goes on alone" in out) == parts, out
     seeds.main(["--seeds", "0", *args(data_root, tmp_path / "alone", *FLOAT64, rounds=4, model=model)])
-    version = 1 if parts else 0  # parted: each seed went on alone in a new version of its run folder
-    together, alone = last(tmp_path / "together", 0, version=version), last(tmp_path / "alone", 0)
+    together, alone = last(tmp_path / "together", 0), last(tmp_path / "alone", 0)
     assert together["epoch"] == alone["epoch"] == 3
     assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-9
 
@@ -142,7 +141,7 @@ def test_a_step_that_reads_its_seeds_downlink_parts_the_seeds(data_root, tmp_pat
     assert "each seed goes on alone" in out and "another step direction" in out, out
     seeds.main(["--seeds", "0", "1", *args(data_root, tmp_path / "alone", *FLOAT64, rounds=3, model=model)])
     for seed in (0, 1):
-        together, alone = last(tmp_path / "together", seed, version=1), last(tmp_path / "alone", seed)
+        together, alone = last(tmp_path / "together", seed), last(tmp_path / "alone", seed)
         assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-9, seed
 
 
@@ -151,8 +150,8 @@ HOOKS = ["start", "round_start 0", "round_end 0", "round_start 1", "round_end 1"
 
 def test_a_user_callbacks_round_hooks_run_in_fit_and_together(data_root, tmp_path, capsys):
     """A user's Lightning callback sees every round start and end (and the run's start and end) in ``fedrcl fit``
-    and in each seed of ``fedrcl seeds --together``, with ``trainer.current_epoch`` the round's index; the
-    per-step hooks a driven run does not call are named in one line."""
+    and in each seed of ``fedrcl seeds --together`` (each seed's own fit), with ``trainer.current_epoch`` the round's
+    index."""
     hooks = ("--trainer.callbacks+=round_hooks.RoundHooks", "--trainer.callbacks.path")
     fit = run_cli(data_root, tmp_path / "fit", *hooks, str(tmp_path / "fit.txt"), rounds=2,
                   model="fedrcl.algorithms.FedAvg")
@@ -168,9 +167,9 @@ def test_a_user_callbacks_round_hooks_run_in_fit_and_together(data_root, tmp_pat
 
 
 def test_a_callbacks_step_hooks_are_named_as_not_run():
-    """``not_run`` names each user callback's per-step hooks, not its round hooks, and the ``RoundCallback``s (fedrcl's
-    analysis callbacks) where the clients' local models are not in the process (Flower), not where they are (seeds
-    together)."""
+    """``not_run`` (Flower's server) names each user callback's per-step hooks, not its round hooks, and the
+    ``RoundCallback``s (fedrcl's analysis callbacks, a user's ``on_client_end``): the clients' local models are on
+    the nodes."""
     from types import SimpleNamespace
 
     import lightning as L
@@ -191,7 +190,6 @@ def test_a_callbacks_step_hooks_are_named_as_not_run():
     callbacks = [RoundHooks("x"), PerStep(), RepresentationMonitor(every_n_rounds=1), PerClient()]
     trainer = SimpleNamespace(callbacks=callbacks)
     assert not_run(trainer) == ["RepresentationMonitor", "PerClient.on_client_end", "PerStep.on_train_batch_end"]
-    assert not_run(trainer, local_models=True) == ["PerStep.on_train_batch_end"]
     assert round_callbacks(trainer) == [callbacks[0], callbacks[1], callbacks[3]]
 
 

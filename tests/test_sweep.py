@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, assert_same_state
+from conftest import REPO, assert_same_state, signal_in_round_1
 from fedrcl import sweep
 from fedrcl.cli import build_cli
 from fedrcl.sweep import Setting, SweepError, canonical_key, parse_axes, settings_of, short_names
@@ -108,10 +108,11 @@ def test_each_setting_trained_together_equals_its_own_fit(data_root, tmp_path, c
     common = args(data_root, tmp_path / "x", "--trainer.precision", "64-true")
     sweep.main(["--grid", "model.lr=0.05,0.1", "model.init_args.mu=0.001,1", "--seeds", "0", "--rounds", "2",
                 "--together", *common, "--trainer.logger.init_args.save_dir", str(tmp_path / "together")])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "fedrcl sweep: 4 settings x 1 seeds = 4 runs of 2 rounds (8 run-rounds)" in out
     assert "--together:" not in out  # one cohort, no fallback
-    assert out.count("seed 0: Round 2/2") == 4
+    assert captured.err.count("seed 0: Round 2/2") == 4  # each run's fit's round lines, labelled
     weights = {}
     for lr in ("0.05", "0.1"):
         for mu in ("0.001", "1"):
@@ -133,16 +134,10 @@ def test_sigterm_stops_every_run_and_resume_is_bitwise(data_root, tmp_path, monk
     """SIGTERM in round 1 of 2 of a 2-setting x 2-seed sweep trained together: the round ends, every run is
     checkpointed, exit status 143 and the resume command (``--ckpt_path last``); that command ends every run
     where an uninterrupted sweep ends, bitwise (CPU)."""
-    from fedrcl.federated import together
+    from fedrcl.federated.preemption import Preemption
 
-    report = together.Cohort._report
-
-    def signalled(self, run, *a, **k):
-        report(self, run, *a, **k)
-        if run.next_round == 1 and run is self.seeds[0]:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(together.Cohort, "_report", signalled)
+    original = Preemption.on_train_epoch_end
+    signal_in_round_1(monkeypatch)
     grid = ["--grid", "model.lr=0.05,0.1", "--seeds", "0", "1", "--rounds", "2", "--together"]
     with pytest.raises(SystemExit) as stopped:
         sweep.main([*grid, *args(data_root, tmp_path / "stopped")])
@@ -151,7 +146,7 @@ def test_sigterm_stops_every_run_and_resume_is_bitwise(data_root, tmp_path, monk
     assert "stopped by SIGTERM (lr=0.05 seed 0 after round 1/2, lr=0.05 seed 1 after round 1/2" in err
     assert "resume: fedrcl sweep --grid model.lr=0.05,0.1 --seeds 0 1 --rounds 2 --together" in err
     assert err.rstrip().endswith("--ckpt_path last")
-    monkeypatch.setattr(together.Cohort, "_report", report)
+    monkeypatch.setattr(Preemption, "on_train_epoch_end", original)
     sweep.main([*grid, *args(data_root, tmp_path / "stopped"), "--ckpt_path", "last"])
     sweep.main([*grid, *args(data_root, tmp_path / "whole")])
     for run in ("lr=0.05/seed0", "lr=0.05/seed1", "lr=0.1/seed0", "lr=0.1/seed1"):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import REPO, assert_same_state
+from conftest import REPO, assert_same_state, signal_in_round_1
 from fedrcl import seeds
 from fedrcl.federated import batched
 
@@ -58,9 +58,9 @@ def test_each_seed_equals_its_own_fit(data_root, tmp_path, capsys, model, precis
     common = args(data_root, tmp_path / "x", "--model", f"fedrcl.algorithms.{model}", "--trainer.precision", precision)
     seeds.main(["--seeds", *SEEDS, "--together", *common,
                 "--trainer.logger.init_args.save_dir", str(tmp_path / "together")])
-    out = capsys.readouterr().out
-    assert "--together:" not in out  # no fallback
-    assert out.count("seed 2: Round 3/3") == 1
+    captured = capsys.readouterr()
+    assert "--together:" not in captured.out  # no fallback
+    assert captured.err.count("seed 2: Round 3/3") == 1  # each seed's fit's round lines, labelled
     seeds.main(["--seeds", *SEEDS, *common, "--trainer.logger.init_args.save_dir", str(tmp_path / "alone")])
     for seed in range(3):
         together, alone = last(tmp_path / "together", seed), last(tmp_path / "alone", seed)
@@ -109,16 +109,10 @@ def test_killed_and_resumed_equals_uninterrupted(data_root, tmp_path):
 def test_sigterm_checkpoints_every_seed_and_resumes(data_root, tmp_path, monkeypatch, capsys):
     """SIGTERM in round 1 of 3: the round ends, both seeds are checkpointed (not due: every 10 rounds), the exit
     status is 128 + 15 with the resume command; that command ends where an uninterrupted run ends (bitwise)."""
-    from fedrcl.federated import together
+    from fedrcl.federated.preemption import Preemption
 
-    report = together.Cohort._report
-
-    def signalled(self, run, *a, **k):
-        report(self, run, *a, **k)
-        if run.seed == 0 and run.next_round == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(together.Cohort, "_report", signalled)
+    original = Preemption.on_train_epoch_end
+    signal_in_round_1(monkeypatch)
     common = args(data_root, tmp_path / "stopped", "--trainer.checkpoint_every", "10")
     with pytest.raises(SystemExit) as stopped:
         seeds.main(["--seeds", "0", "1", "--together", *common])
@@ -126,7 +120,7 @@ def test_sigterm_checkpoints_every_seed_and_resumes(data_root, tmp_path, monkeyp
     err = capsys.readouterr().err
     assert "stopped by SIGTERM (seed 0 after round 1/3, seed 1 after round 1/3)" in err
     assert "resume: fedrcl seeds --seeds 0 1 --together" in err and err.rstrip().endswith("--ckpt_path last")
-    monkeypatch.setattr(together.Cohort, "_report", report)
+    monkeypatch.setattr(Preemption, "on_train_epoch_end", original)
     seeds.main(["--seeds", "0", "1", "--together", *common, "--ckpt_path", "last"])
     seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "whole")])
     for seed in (0, 1):
@@ -149,14 +143,12 @@ def test_resumes_seeds_at_different_rounds_and_starts_new_ones(data_root, tmp_pa
 
 @pytest.mark.parametrize("model,reason", [
     ("MOON", "seed 0: MOON keeps a previous local model per client"),
-    ("FedNTD", "model FedNTD: seed 1's clients compute another loss part 'ntd'"),
     ("step_methods.CountsLrPerStep", "seed 0: model CountsLrPerStep overrides on_before_optimizer_step"),
 ])
 def test_a_method_that_cannot_train_together_falls_back(data_root, tmp_path, capsys, model, reason):
-    """MOON cannot be batched; FedNTD's clients get their seed's global model as teacher, which one stacked step
-    cannot give them; a method that counts its lr in a per-step Lightning hook, which the stacked step does not
-    call (SCAFFOLD did, before its lr sum came from its context): one line says so and the seeds train one after
-    another, into the same folders (nothing was written by the attempt)."""
+    """MOON cannot be batched; a method that counts its lr in a per-step Lightning hook, which the stacked step
+    does not call (SCAFFOLD did, before its lr sum came from its context): one line says so before anything
+    starts and the seeds train one after another, into the same folders (nothing was written by the attempt)."""
     seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path, rounds=1,
                                                             model=model if "." in model else f"fedrcl.algorithms.{model}")])
     out = capsys.readouterr().out
@@ -167,27 +159,31 @@ def test_a_method_that_cannot_train_together_falls_back(data_root, tmp_path, cap
         assert (folder / "version_0" / "checkpoints" / "last.ckpt").exists()
 
 
-def test_a_method_whose_seeds_part_later_goes_on_alone(data_root, tmp_path, capsys):
-    """FedProc's clients get their seed's class prototypes from round 2 on (none in round 1): round 2's check
-    finds it before the round's first step, every seed is checkpointed after round 1 and goes on alone
-    (``--ckpt_path last``); each ends within 1e-5 of its own fit (float32)."""
-    model = "fedrcl.algorithms.FedProc"
-    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "a", model=model)])
+@pytest.mark.parametrize("model,rounds,reason", [
+    ("FedNTD", 2, "from round 1: model FedNTD: seed 1's clients compute another loss part 'ntd'"),
+    ("FedProc", 3, "from round 2: model FedProc: seed 1's clients compute another loss part 'proto'"),
+])
+def test_a_method_whose_seeds_part_goes_on_alone(data_root, tmp_path, capsys, model, rounds, reason):
+    """FedNTD's clients get their seed's global model as teacher, and FedProc's their seed's class prototypes from
+    round 2 on (none in round 1), which one stacked step cannot give each seed: the round's check finds it before
+    its first step, one line says so, and each seed's fit goes on alone in its own folder; each ends within 1e-5 of
+    its own fit (float32)."""
+    model = f"fedrcl.algorithms.{model}"
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "a", model=model, rounds=rounds)])
     out = capsys.readouterr().out
-    assert ("fedrcl seeds: --together: from round 2: model FedProc: seed 1's clients compute another loss part "
-            "'proto'") in out and "each seed goes on alone from its checkpoint" in out
-    seeds.main(["--seeds", "0", "1", *args(data_root, tmp_path / "b", model=model)])
+    assert f"fedrcl seeds: --together: {reason}" in out and "each seed goes on alone, in its own fit" in out
+    seeds.main(["--seeds", "0", "1", *args(data_root, tmp_path / "b", model=model, rounds=rounds)])
     for seed in (0, 1):
-        assert last(tmp_path / "a", seed)["epoch"] == 0  # round 1, together
-        continued = last(tmp_path / "a", seed, version=1)
-        assert continued["epoch"] == 2
-        assert relative_difference(continued["state_dict"], last(tmp_path / "b", seed)["state_dict"]) <= 1e-5
+        assert sorted(p.name for p in (tmp_path / "a" / "quickstart" / f"seed{seed}").iterdir()) == ["version_0"]
+        alone = last(tmp_path / "a", seed)
+        assert alone["epoch"] == rounds - 1
+        assert relative_difference(alone["state_dict"], last(tmp_path / "b", seed)["state_dict"]) <= 1e-5
 
 
 def test_the_whole_client_step_is_one_graph_without_host_syncs(data_root, tmp_path, monkeypatch):
     """With ``trainer.compile_clients`` the stacked step (forward, FedRCL's loss, backward, clip, SGD) compiles
-    with ``fullgraph=True`` to one graph, not recompiled over 3 rounds, and the seeds' evaluation to one more
-    (aot_eager on the CPU); and after the
+    with ``fullgraph=True`` to one graph, not recompiled over 3 rounds (aot_eager on the CPU; each seed's fit
+    evaluates its own model); and after the
     first round's checks no step reads a value back to the host (``item``, ``bool``, ``tolist``, ``float``)."""
     from torch._dynamo.utils import counters
 
@@ -217,7 +213,7 @@ def test_the_whole_client_step_is_one_graph_without_host_syncs(data_root, tmp_pa
     seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path, "--trainer.compile_clients", "true",
                                                             model="fedrcl.algorithms.FedRCL")])
     assert dict(counters["graph_break"]) == {}
-    assert counters["stats"]["unique_graphs"] == 2  # the step, and the seeds' evaluation (one test batch)
+    assert counters["stats"]["unique_graphs"] == 1  # the joined step
     assert last(tmp_path, 1)["epoch"] == 2
     assert reads == []
     monkeypatch.setattr(StackedRound, "step", train)

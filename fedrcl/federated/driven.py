@@ -1,10 +1,10 @@
-"""A federated run driven outside Lightning's fit loop: seeds trained together (``fedrcl.federated.together``)
-and Flower's server (``fedrcl.flower.server``).
+"""A federated run driven outside Lightning's fit loop: Flower's server (``fedrcl.flower.server``), whose rounds
+Flower's ``Strategy.start`` drives. Every other run is a ``fedrcl fit`` (seeds together too: one fit per seed,
+``fedrcl.federated.together``).
 
 Such a driver builds the run as ``fedrcl fit`` does (same objects, seeds, initial weights), then runs its own
-rounds; ``DrivenRun`` is one federation's run for every driver: the round's end written once (scalars, the
-round's line, user callbacks' round hooks, the ``round_metrics`` of ``RoundCallback`` objects where the clients' local models are
-in this process, the round's checkpoint, ``trainer.max_time``, the privacy budget, the closing summary). The
+rounds; ``DrivenRun`` is the run's end of each round, as ``fedrcl fit`` ends it (scalars, the round's line, user
+callbacks' round hooks, the round's checkpoint, ``trainer.max_time``, the privacy budget, the closing summary). The
 functions give it the rest of ``fedrcl fit``'s run folder: the module attached and set up for fitting,
 ``--ckpt_path`` resumed (``open_run``), ``config.yaml``, ``split.json``, checkpoint callbacks and the TensorBoard
 layout (``write_run_folder``), central evaluation (``evaluate``), each round's scalars with TensorBoard's accuracy
@@ -14,7 +14,7 @@ What of the config's callbacks such a run does not call is named before it start
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Optional
 
 import lightning as L
@@ -23,12 +23,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressB
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from torch import Tensor
 
 from fedrcl.analysis.layout import ACCURACY_FIRST, ScalarLayout
-from fedrcl.contract.context import ClientContext
 from fedrcl.federated.checkpoint import RoundCheckpoint, read_checkpoint
-from fedrcl.federated.federation import Federation, RoundCallback, client_callbacks, client_ended
+from fedrcl.federated.federation import Federation, RoundCallback, client_callbacks
 from fedrcl.federated.local_update import attach
 from fedrcl.federated.preemption import Preemption
 from fedrcl.federated.progress import SHOWN, RoundLines, RoundLog, RunClock, round_line, run_summary
@@ -55,14 +53,13 @@ def round_callbacks(trainer: L.Trainer) -> list[L.Callback]:
             if not isinstance(c, OWN_CALLBACKS) and not type(c).__module__.startswith("fedrcl.")]
 
 
-def not_run(trainer: L.Trainer, local_models: bool = False) -> list[str]:
+def not_run(trainer: L.Trainer) -> list[str]:
     """What of the config's callbacks a driven run does not call (its rounds are not Lightning's), named before
     it starts: each user callback's per-step or evaluation-loop hook (``STEP_HOOKS``; its round hooks run) and,
-    where the clients' local models are not in this process (``local_models`` false: Flower's nodes hold them),
-    the ``RoundCallback`` parts: fedrcl's analysis callbacks whole, a user's ``on_client_end`` and ``round_metrics``
-    (seeds together call both)."""
+    as the clients' local models are not in this process (Flower's nodes hold them), the ``RoundCallback`` parts:
+    fedrcl's analysis callbacks whole, a user's ``on_client_end`` and ``round_metrics``."""
     named, users = [], round_callbacks(trainer)
-    for client_callback in client_callbacks(trainer) if not local_models else ():
+    for client_callback in client_callbacks(trainer):
         name = type(client_callback).__name__
         if client_callback not in users:  # fedrcl's own: nothing of it runs
             named.append(name)
@@ -77,9 +74,8 @@ def not_run(trainer: L.Trainer, local_models: bool = False) -> list[str]:
 
 @dataclasses.dataclass
 class DrivenRun:
-    """One federation driven outside Lightning's fit loop (each seed of ``fedrcl seeds --together``, a Flower
-    server's run): where it stands, and the round's end written once for every driver, as ``fedrcl fit`` ends a
-    round: the scalars (``train/*`` means, ``train/lr``, ``time/round_seconds``, ``val/acc`` and its EMA, the
+    """One federation driven outside Lightning's fit loop (a Flower server's run): where it stands, and the
+    round's end as ``fedrcl fit`` ends a round: the scalars (``train/*`` means, ``train/lr``, ``time/round_seconds``, ``val/acc`` and its EMA, the
     privacy accountant's, the ledger's) logged, the round's line, the user callbacks' round hooks, the round's
     checkpoint (written before anything of the next round begins), the time limit (``trainer.max_time``) and the
     privacy budget (``max_epsilon``); a stop (a signal, a failure) checkpoints the last round done."""
@@ -87,8 +83,7 @@ class DrivenRun:
     trainer: Any
     module: Any
     datamodule: Any
-    say: Callable[[str], None] = print  # how its lines are told (a seed's begin with ``seed k:``)
-    local_models: bool = False  # the clients' local models are in this process: ``RoundCallback`` objects run
+    say: Callable[[str], None] = print  # how its lines are told
     next_round: int = 0
     steps: int = 0  # the clients' local steps so far (``global_step``)
     clock: RunClock = dataclasses.field(default_factory=RunClock)
@@ -117,11 +112,6 @@ class DrivenRun:
         """A round begins: the callbacks' ``on_train_epoch_start``."""
         self._call("on_train_epoch_start")
 
-    def client_ended(self, client: ClientContext, local_state: Mapping[str, Tensor]) -> None:
-        """A client of the round has finished (``local_state``: its weights): every ``RoundCallback`` sees it."""
-        assert self.local_models, "RoundCallbacks need the clients' local models in this process"
-        client_ended(self.trainer, self.module, client, local_state, self.trainer.federation.ledger)
-
     def end_round(self, steps: int, train: dict[str, float], seconds: float,
                   accuracies: Optional[dict[str, float]] = None,
                   extra: Optional[dict[str, float]] = None) -> dict[str, float]:
@@ -135,8 +125,6 @@ class DrivenRun:
             metrics.update({**accuracies, **module.accuracy_emas(accuracies)})
         privacy = trainer.federation.privacy
         metrics.update(privacy.metrics() if privacy is not None else {})
-        for callback in client_callbacks(trainer) if self.local_models else ():
-            metrics.update(callback.round_metrics(trainer, module))
         _, ledger = trainer.federation.ledger.metrics()
         log_round(trainer, round_idx, {**metrics, **ledger, **(extra or {})})
         shown: dict[str, Any] = {k: metrics[k] for k in SHOWN if k in metrics}

@@ -154,6 +154,7 @@ class Federation(L.Callback):
         self.ledger = RoundLedger()
         self.round: Optional[ServerRound] = None  # the round in progress
         self.privacy = privacy
+        self.lockstep: Optional[Any] = None  # with seeds together: this run's ``fedrcl.federated.lockstep.Seat``
 
     # -- planning -----------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -232,8 +233,10 @@ class Federation(L.Callback):
             if slot.step == 0:  # every client's lr at every step is the stacked engine's
                 self._runs = self._clients
                 step = stacked_step(self.batching.steps, pl_module, 1, len(self._runs), trainer)
-                StackedClients(trainer, pl_module, self._runs, step, check=not self.batching.checked)  # starts them
+                stack = StackedClients(trainer, pl_module, self._runs, step, check=not self.batching.checked)
                 self.batching.checked = True
+                if self.lockstep is not None:  # seeds together: trained with the other runs' rounds
+                    self.lockstep.join(stack)
             return
         if slot.step == 0:
             self._runs = [self._clients[slot.position]]

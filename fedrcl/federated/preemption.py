@@ -149,6 +149,12 @@ class Preemption(L.Callback):
             if packed[0].item() and not asked:
                 connector.signum, connector.requeue = int(packed[0].item()), bool(packed[1].item())
             asked = bool(packed[0].item())
+        seat = getattr(getattr(trainer, "federation", None), "lockstep", None)
+        if seat is not None:  # seeds together: every run stops after the same round
+            signum = seat.round_end(connector.signum if isinstance(connector, PreemptionSignals) else None)
+            if signum is not None and isinstance(connector, PreemptionSignals):
+                connector.signum = connector.signum or signum
+            asked = signum is not None
         rounds = trainer.max_epochs
         assert rounds is not None  # an int during fit
         if asked and trainer.current_epoch + 1 < rounds:

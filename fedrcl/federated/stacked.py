@@ -72,34 +72,28 @@ class StackedRound:
         check: the run's first stacked round: refuse what would differ from clients one after another.
     """
 
-    def __init__(self, members: Sequence[Any], runs: list[list[ClientRun]], step: ClientStep, check: bool):
+    def __init__(self, members: Sequence[Any], runs: list[list[ClientRun]], step: ClientStep, check: bool,
+                 laid: Optional[Sequence[StackedRound]] = None):
         self.members, self.runs, self.engine, self._check = list(members), runs, step, check
         self.clients = len(runs[0])
         first = self.members[0].module
         names, stateful = tuple(first.client_tensors), tuple(first.step_state)
-        tensors: dict[str, list[Tensor]] = {name: [] for name in names}
-        states: dict[str, list[Any]] = {name: [] for name in stateful}
-        for member, clients in zip(self.members, runs):
-            views = []
-            for client in clients:
-                client.start()
-                for name, values in tensors.items():
-                    values.append(getattr(member.module, name))
-                for name, each in states.items():
-                    each.append(getattr(member.module, name))
-                if check:
-                    views.append(client_view(member.module, PER_CLIENT | set(names) | set(stateful)))
-            if check:
-                refuse_per_client_attributes(member.module, views)
+        if laid is None:  # start every client and read what its start set
+            tensors, states = self._start(names, stateful, check)
+            self.client_tensors = {name: torch.stack(values) for name, values in tensors.items()}
+            self.state: State = {name: {k: torch.stack([v[k] for v in each]) for k in each[0]}
+                                 if isinstance(each[0], dict) else torch.stack(each) for name, each in states.items()}
+        else:  # rounds whose clients were started and laid already, joined (``from_laid``)
+            self.client_tensors = {name: torch.cat([r.client_tensors[name] for r in laid]) for name in names}
+            self.state = {name: {k: torch.cat([r.state[name][k] for r in laid]) for k in value}
+                          if isinstance(value, dict) else torch.cat([r.state[name] for r in laid])
+                          for name, value in laid[0].state.items()}
         sent = [clients[0].downlink.sent for clients in runs]
         self.device = next(iter(sent[0].values())).device
         self.params = {name: torch.cat([stack_clients(s[name].detach(), self.clients) for s in sent])
                        for name, _ in first.backbone.named_parameters()}
         self.global_state = {name: torch.stack([s[name] for s in sent]) for name in sent[0]}
         self.momenta = {name: torch.zeros_like(p) for name, p in self.params.items()} if first.momentum else {}
-        self.client_tensors = {name: torch.stack(values) for name, values in tensors.items()}
-        self.state: State = {name: {k: torch.stack([v[k] for v in each]) for k in each[0]}
-                             if isinstance(each[0], dict) else torch.stack(each) for name, each in states.items()}
         # Each federation's own value of every loss weight its method declares sweepable (a sweep's mu = 0.01 and
         # 0.1 on one axis), in the weights' dtype: set per slice in the step, never the first federation's.
         dtype = next(iter(self.params.values())).dtype
@@ -111,6 +105,7 @@ class StackedRound:
                       for name in CLIENT_FACTS}
         sizes = [m.datamodule.client_batch_sizes(c.client.client_id, c.client.local_epochs) for m, c in every]
         self.mask = None if uniform(sizes) else RoundMask(sizes, self.device)
+        self.num_steps = max(len(size) for size in sizes)  # the round's stacked steps (its longest client's)
         self.steps_per_epoch = [m.datamodule.client_steps_per_epoch(c.client.client_id) for m, c in every]
         self.seed_of = torch.tensor([s for s in range(len(runs)) for _ in range(self.clients)], device=self.device)
         # Every client's lr at every stacked step: its own local epoch's (cast to the weights' dtype as SGD casts lr)
@@ -123,6 +118,33 @@ class StackedRound:
         self.part_sums: dict[str, Tensor] = {}
         self.t = 0  # the next stacked step
         self.stepped = 0  # how many clients took the last step
+
+    @classmethod
+    def from_laid(cls, laid: Sequence[StackedRound], step: ClientStep, check: bool) -> StackedRound:
+        """Several federations' rounds, each laid on its own axis (its clients started), as one round on one axis,
+        federation after federation: the stacked engine of seeds together (``fedrcl.federated.lockstep``)."""
+        return cls([r.members[0] for r in laid], [r.runs[0] for r in laid], step, check, laid)
+
+    def _start(self, names: tuple[str, ...], stateful: tuple[str, ...], check: bool
+               ) -> tuple[dict[str, list[Tensor]], dict[str, list[Any]]]:
+        """Start every client in order and read, after each start, the tensors its method names per client
+        (``client_tensors``) and its step state; in the run's first stacked round, refuse an attribute that a start
+        sets differently per client without naming it."""
+        tensors: dict[str, list[Tensor]] = {name: [] for name in names}
+        states: dict[str, list[Any]] = {name: [] for name in stateful}
+        for member, clients in zip(self.members, self.runs):
+            views = []
+            for client in clients:
+                client.start()
+                for name, values in tensors.items():
+                    values.append(getattr(member.module, name))
+                for name, each in states.items():
+                    each.append(getattr(member.module, name))
+                if check:
+                    views.append(client_view(member.module, PER_CLIENT | set(names) | set(stateful)))
+            if check:
+                refuse_per_client_attributes(member.module, views)
+        return tensors, states
 
     def step(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """Stacked step ``t``: every client's batch ``x[n]``, ``y[n]`` (under a step mask, the stepping clients'
@@ -202,13 +224,27 @@ class StackedClients(StackedRound):
         self._module_params, group["params"] = group["params"], [self._empty]
         self.optimizer.state.clear()
         pl_module.stack = self
+        self.joined: Optional[Any] = None  # the round of several runs it trains in (``lockstep.JoinedRound``)
+
+    def step(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """A stacked step of this run's clients: in a joined round, taken with every other run's
+        (``lockstep.JoinedRound.step``); alone if the runs parted before the round's first step."""
+        if self.joined is not None:
+            taken = self.joined.step(self, x, y)
+            if taken is not None:
+                return taken
+            self.joined = None
+        return super().step(x, y)
 
     def lightning_loss(self) -> Tensor:
         """What Lightning's step backpropagates: a zero of the optimizer's one empty tensor (the engine has stepped)."""
         return self._empty.sum()
 
     def finish_round(self, fold: Callable[[ClientRun, ClientResult], None]) -> None:
-        """Give the optimizer its parameters back (state cleared); end and ``fold`` every client in order."""
+        """Give the optimizer its parameters back (state cleared); end and ``fold`` every client in order (in a
+        joined round, with its clients' weights, step state and losses taken back from it first)."""
+        if self.joined is not None:
+            self.joined.hand_back(self)
         self.optimizer.param_groups[0]["params"] = self._module_params
         self.optimizer.state.clear()
         self.members[0].module.stack = None
