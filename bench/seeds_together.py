@@ -49,8 +49,8 @@ REPO = Path(__file__).resolve().parent.parent
 SETTINGS = {
     # configs/quickstart.yaml: FedRCL, small CNN on 8x8 digits, 5 of 20 clients a round, 2 local epochs of 4
     # steps of batch 24 (equal steps, which batching needs; about 0.2 s a round on one thread): a round is
-    # mostly per-step overhead, where stacking may pay. Its RepresentationMonitor is dropped (together runs no
-    # trainer callbacks; both do the same work).
+    # mostly per-step overhead, where stacking may pay. Its RepresentationMonitor is dropped (measured: the
+    # rounds' training, not an analysis callback's evaluation).
     "digits": (["--config", "configs/quickstart.yaml", "--trainer.callbacks", "[]",
                 "--data.local_iters_per_epoch", "4"], 12),
     # configs/cpu/cifar10_a01_resnet8.yaml: FedRCL, ResNet-18-GN width 8 on CIFAR-10 (../shared/data), 5 of

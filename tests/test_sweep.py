@@ -130,6 +130,28 @@ def test_each_setting_trained_together_equals_its_own_fit(data_root, tmp_path, c
     assert relative_difference(weights["lr=0.1,mu=0.001"], weights["lr=0.1,mu=1"]) > 1e-2  # mu (0.13)
 
 
+def test_a_run_that_diverges_stops_alone_and_the_others_go_on(data_root, tmp_path, capsys):
+    """Two settings trained together, one at an lr that makes its first round diverge: that run stops, named, and
+    the sweep's exit status is 1; the other run goes on to its last round alone, with its own fit's weights
+    (float64, 1e-9)."""
+    common = args(data_root, tmp_path / "x", "--trainer.precision", "64-true", "--model.init_args.grad_clip_norm",
+                  "null")
+    with pytest.raises(SystemExit) as failed:
+        sweep.main(["--grid", "model.lr=0.05,1e8", "--seeds", "0", "--rounds", "2", "--together", *common,
+                    "--trainer.logger.init_args.save_dir", str(tmp_path / "together")])
+    assert failed.value.code == 1
+    err = capsys.readouterr().err
+    assert "training diverged in round 1" in err, err[-2000:]
+    build_cli(["fit", *common, "--model.init_args.lr", "0.05", "--trainer.rounds", "2",
+               "--trainer.logger.init_args.save_dir", str(tmp_path / "alone"),
+               "--trainer.logger.init_args.name", "quickstart/lr=0.05"])
+    alone = torch.load(tmp_path / "alone" / "quickstart" / "lr=0.05" / "version_0" / "checkpoints" / "last.ckpt",
+                       weights_only=True)
+    together = last(tmp_path / "together", "lr=0.05/seed0")
+    assert together["epoch"] == alone["epoch"] == 1
+    assert relative_difference(together["state_dict"], alone["state_dict"]) <= 1e-9
+
+
 def test_sigterm_stops_every_run_and_resume_is_bitwise(data_root, tmp_path, monkeypatch, capsys):
     """SIGTERM in round 1 of 2 of a 2-setting x 2-seed sweep trained together: the round ends, every run is
     checkpointed, exit status 143 and the resume command (``--ckpt_path last``); that command ends every run

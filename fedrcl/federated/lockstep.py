@@ -4,8 +4,8 @@
 loop, one thread each: ``fedrcl.federated.together``) with its clients batched (``StackedClients``). Here their
 rounds meet. Once every run still fitting has laid its round's clients on its own stacked axis (``join``), the laid
 rounds are joined on one axis, run after run (``StackedRound.from_laid``: ``runs x clients`` long), and each local
-step is taken once for all of them (``JoinedRound.step``), by the last run to hand in its step's batches; each run
-reads back its own clients' losses. A run whose clients take fewer steps than another's ends its clients after its
+step is taken once for all of them (``JoinedRound.step``), by the first run that steps, once every run that steps
+has handed in its batches; each run reads back its own clients' losses. A run whose clients take fewer steps than another's ends its clients after its
 own last step (masked in the steps after it, ``fedrcl.contract.step_mask``) and takes back their weights, step state
 and losses (``JoinedRound.hand_back``); the joined round ends when every run has, and the next one joins once every
 run still fitting has laid its next round. Runs resumed at different rounds join all the same.
@@ -229,13 +229,15 @@ class JoinedRound:
 
     def step(self, stack: StackedClients, x: Tensor, y: Tensor) -> Optional[tuple[Tensor, dict[str, Tensor]]]:
         """Run ``stack``'s step with its batches ``x``, ``y`` (laid out as its own stacked step takes them): the
-        joined step once every run that steps here has handed in its batches. Returns its clients' losses and loss
-        parts, or ``None`` when the runs parted before this round's first step (it then steps alone)."""
+        joined step once every run that steps here has handed in its batches, taken by the first of them (the
+        same thread step after step: a compiled step's CUDA graphs are its thread's). Returns its clients' losses
+        and loss parts, or ``None`` when the runs parted before this round's first step (it then steps alone)."""
         lockstep, position, t = self.lockstep, self.laid.index(stack), stack.t
         with lockstep._cond:
             self._inputs[position] = (x, y)
             due = [p for p, laid in enumerate(self.laid) if laid.num_steps > t]
-            if len(self._inputs) == len(due):
+            if position == due[0]:
+                lockstep._wait(lambda: len(self._inputs) == len(due))
                 try:
                     self._take(t, due)
                 except NotTogether as reason:
@@ -245,6 +247,7 @@ class JoinedRound:
                     raise
                 lockstep._cond.notify_all()
             else:
+                lockstep._cond.notify_all()  # the run that takes the step may be waiting for these batches
                 lockstep._wait(lambda: position in self._taken or stack.joined is None)
             if stack.joined is None:
                 return None
