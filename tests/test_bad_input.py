@@ -210,6 +210,9 @@ SHORT_CASES = [  # (arguments, the message, exit status): values, files, checkpo
     (["--trainer.max_epochs", "3"], "trainer.max_epochs is set by fedrcl's round loop: use trainer.rounds", 2),
     (["--trainer.gradient_clip_val", "1"], "gradient_clip_val is set by fedrcl's round loop: use model.init_args", 2),
     (["--trainer.check_val_every_n_epoch", "2"], "use trainer.eval_every", 2),
+    # a round would end before its clients did (the global model never aggregated), or steps would merge
+    (["--trainer.limit_train_batches", "0.5"], "fedrcl: error: trainer.limit_train_batches must stay 1.0, got 0.5", 1),
+    (["--trainer.accumulate_grad_batches", "2"], "fedrcl: error: trainer.accumulate_grad_batches must stay 1, got 2", 1),
     (["--trainer.round", "5"], "unrecognized arguments: --trainer.round 5", 2),
     (["--data.dataset", "mnist"], "data.dataset mnist: unknown dataset 'mnist'; allowed: cifar10", 2),
     (["--model", "fedrcl.algorithms.Nope"], "--model fedrcl.algorithms.Nope: not a class fedrcl can import", 2),

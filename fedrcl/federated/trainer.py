@@ -38,6 +38,14 @@ OWNED_BY_ROUNDS = {"max_epochs": (None, "use trainer.rounds"), "min_epochs": (No
                                                      "norm")}
 
 
+# Lightning's trainer arguments a round allows at one value only (kept in the parser: saved configs name them),
+# with why: a round is every local step of its sampled clients, each step one update of one client.
+ONE_VALUE = {"limit_train_batches": ((None, 1, 1.0), "a round trains every local step of its clients (fewer "
+                                     "steps: data.local_iters_per_epoch)"),
+             "accumulate_grad_batches": ((1,), "each local step is one update of one client (a larger step: "
+                                         "data.batch_size)")}
+
+
 def check_accelerator(accelerator: Any) -> None:
     """Refuse a ``trainer.accelerator`` this machine does not have, in one line naming the key and what it has
     (Lightning refuses it later, in a traceback of 36 lines). ``gpu`` means CUDA or MPS, as in Lightning."""
@@ -124,6 +132,9 @@ class FederatedTrainer(L.Trainer):
         for key, (default, instead) in OWNED_BY_ROUNDS.items():
             if kwargs.pop(key, default) != default:
                 raise ValueError(f"trainer.{key} is set by fedrcl's round loop: {instead}")
+        for key, (allowed, why) in ONE_VALUE.items():
+            if kwargs.get(key, allowed[0]) not in allowed:
+                raise ValueError(f"trainer.{key} must stay {allowed[-1]}, got {kwargs[key]}: {why}")
         if kwargs.get("barebones"):
             raise ValueError("trainer.barebones: Lightning's barebones mode turns off the loggers and callbacks a "
                              "federated run is made of (the round loop, checkpoints, evaluation's EMA); it must "
