@@ -29,3 +29,15 @@ class RoundHooks(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write("end")
+
+
+class StepHooks(L.Callback):
+    """Appends ``step N B`` (the round, the round's Lightning step) to ``path`` at each training step's end."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: object, batch: object,
+                           batch_idx: int) -> None:
+        with self.path.open("a") as out:
+            out.write(f"step {trainer.current_epoch} {batch_idx}\n")

@@ -166,6 +166,21 @@ def test_a_user_callbacks_round_hooks_run_in_fit_and_together(data_root, tmp_pat
     assert [line for line in lines if line.startswith("round")] == [h for h in HOOKS[1:-1] for _ in (0, 1)]
 
 
+def test_a_user_callbacks_step_hooks_run_in_each_seed_together(data_root, tmp_path, capsys):
+    """Seeds together are each seed's own fit: a user's per-step hook runs at every step of every seed's rounds,
+    as in that seed's ``fedrcl fit`` with its clients batched (one Lightning step per stacked step)."""
+    hooks = ("--trainer.callbacks+=round_hooks.StepHooks", "--trainer.callbacks.path")
+    batched = ("--trainer.client_batching", "on")
+    seeds.main(["--seeds", "0", *args(data_root, tmp_path / "fit", rounds=2), *batched, "--trainer.callbacks", "[]",
+                *hooks, str(tmp_path / "fit.txt")])
+    seeds.main(["--seeds", "0", "1", "--together", *args(data_root, tmp_path / "together", rounds=2),
+                "--trainer.callbacks", "[]", *hooks, str(tmp_path / "together.txt")])
+    assert "--together:" not in capsys.readouterr().out
+    alone = (tmp_path / "fit.txt").read_text().split("\n")[:-1]
+    assert alone == [f"step {r} {b}" for r in range(2) for b in range(6)]  # 2 local epochs of 3 stacked steps
+    assert sorted((tmp_path / "together.txt").read_text().split("\n")[:-1]) == sorted(alone * 2)
+
+
 def test_a_callbacks_step_hooks_are_named_as_not_run():
     """``not_run`` (Flower's server) names each user callback's per-step hooks, not its round hooks, and the
     ``RoundCallback``s (fedrcl's analysis callbacks, a user's ``on_client_end``): the clients' local models are on
