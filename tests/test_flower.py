@@ -383,7 +383,7 @@ def test_a_broken_exchange_is_refused_before_anything_is_written(data_root, tmp_
         run_federation(None, [*args, "--model", model])
     assert not (tmp_path / "quickstart").exists()  # nothing written
     cli = build([*args, "--trainer.callbacks+=fedrcl.analysis.ClientEvaluation"])
-    assert {"ClientEvaluation", "RepresentationMonitor"} <= set(not_run(cli.trainer))
+    assert {"ClientEvaluation.on_client_end", "RepresentationMonitor.on_client_end"} <= set(not_run(cli.trainer))
 
 
 def test_a_flower_resume_from_a_bad_checkpoint_stops_before_anything_is_written(data_root, tmp_path):
@@ -531,10 +531,10 @@ def test_a_flower_run_opens_on_accuracy_in_tensorboard_as_a_fit_run(runs):
 def test_flower_calls_a_callbacks_round_hooks_and_honours_max_time(runs):
     """On Flower's server a user's callback sees the run's start, each round's start and end and the run's end;
     ``trainer.max_time`` (one second) ends the run of 20 rounds after the round that passes it, checkpointed, and
-    the summary says why, as ``fedrcl fit`` and seeds together do (``DrivenRun``)."""
+    the summary says why: Flower's server runs ``fedrcl fit``'s loop."""
     tmp = runs["fedavg"][1].parents[3]
     log = (tmp / "simulation.log").read_text()
-    done = int(re.findall(r"stopped early: trainer.max_time reached after round (\d+)", log)[-1])
+    done = int(re.findall(r"stopped early after round (\d+)/20: trainer.max_time reached", log)[-1])
     assert 1 <= done < 20
     rounds = [line for k in range(done) for line in (f"round_start {k}", f"round_end {k}")]
     assert (tmp / "hooks.txt").read_text().split("\n")[:-1] == ["start", *rounds, "end"]

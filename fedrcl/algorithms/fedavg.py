@@ -22,6 +22,7 @@ from fedrcl.contract.context import ClientContext
 from fedrcl.data.domains import domain_accuracy_of
 from fedrcl.data.validation import ACCURACIES
 from fedrcl.contract.exchange import ClientExchange
+from fedrcl.contract.plan import TrainedElsewhere
 from fedrcl.contract.processes import sum_over_processes
 from fedrcl.contract.protocols import ClientStack
 from fedrcl.models.output import ModelOutput
@@ -210,6 +211,8 @@ class FedAvg(ClientExchange, L.LightningModule):
         self._round_steps = 0
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Any:
+        if isinstance(batch, TrainedElsewhere):  # the round's clients train on Flower's nodes: no step here
+            return None
         x, y = batch
         if self.stack is not None:  # every client's step at once, taken by the stacked engine
             losses, per_client = self.stack.step(x, y)
@@ -247,6 +250,15 @@ class FedAvg(ClientExchange, L.LightningModule):
             for key, value in (("loss", loss), *((f"loss_{k}", v) for k, v in parts.items())):
                 sums[key] = sums[key] + value if key in sums else value + 0.0
         self._round_parts = tuple(key.removeprefix("loss_") for key in sums)[1:]  # "loss" is the first key
+
+    def add_remote_losses(self, sums: dict[str, float], steps: int) -> None:
+        """Add the summed step losses (``loss``, ``loss_<part>``) and step count of clients that trained elsewhere
+        (Flower's nodes report them with each client) to the round's."""
+        with torch.no_grad():
+            for key, value in sums.items():
+                self._round_loss_sums[key] = self._round_loss_sums.get(key, 0.0) + torch.tensor(value,
+                                                                                              dtype=torch.float64)
+        self._round_steps += steps
 
     def round_losses(self) -> tuple[dict[str, Tensor], int]:
         """This process's summed step losses of the round so far by name (``loss``, ``loss_<part>``), and its

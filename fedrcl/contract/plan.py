@@ -37,6 +37,8 @@ class RoundPlan:
             per local step, every client's step at once (clients with fewer steps masked once they finish:
             ``fedrcl.contract.step_mask``), and ``locate`` reports the longest client's slots (position 0's
             where all take the same steps).
+        remote: the clients train on other machines (Flower's nodes): the stream has one item,
+            ``TrainedElsewhere``, in whose Lightning step the round's clients are trained there and aggregated.
     """
 
     round_idx: int
@@ -46,6 +48,7 @@ class RoundPlan:
     local_epochs: int
     seed: int = 0
     batched: bool = False
+    remote: bool = False
 
     @classmethod
     def of_clients(cls, round_idx: int, client_ids: Sequence[int], num_samples: Callable[[int], int],
@@ -75,6 +78,9 @@ class RoundPlan:
     @cached_property
     def _slots(self) -> tuple[ClientSlot, ...]:
         """Every batch's slot, built once per plan (the round loop asks twice per step)."""
+        if self.remote:  # the round is one item of the stream
+            return (ClientSlot(position=0, client_id=self.client_ids[0], step=0, local_epoch=0,
+                               first_step_of_epoch=True, last_step_of_client=True),)
         longest = max(range(len(self.client_ids)), key=lambda k: self.steps[k])  # the first, if all are equal
         clients = (longest,) if self.batched else range(len(self.client_ids))
         return tuple(
@@ -83,3 +89,9 @@ class RoundPlan:
                        first_step_of_epoch=step % self.steps_per_epoch[position] == 0,
                        last_step_of_client=step == self.steps[position] - 1)
             for position in clients for step in range(self.steps[position]))
+
+
+class TrainedElsewhere:
+    """The one item of a round whose clients train on other machines (``RoundPlan.remote``): Lightning's step of
+    it trains nothing here (the client algorithm's ``training_step`` returns ``None``); the round loop has the
+    clients trained and aggregated around it (``fedrcl.federated.federation.RemoteClients``)."""

@@ -23,7 +23,7 @@ from fedrcl.data.sources import OWN_DATASETS, own_data_shape, read_own_data
 from fedrcl.data.validation import hold_out
 from fedrcl.data.split_file import (SplitFile, authors_split_name, check_labels, check_split, label_fingerprint,
                                      read_split_file, write_split)
-from fedrcl.contract.plan import RoundPlan
+from fedrcl.contract.plan import RoundPlan, TrainedElsewhere
 from fedrcl.contract.step_mask import client_batch_sizes, masked_batch, step_groups, uniform
 
 Partition = Literal["dirichlet", "dirichlet_unbalanced", "shards", "iid", "natural"]
@@ -587,6 +587,9 @@ class RoundBatches:
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         plan = self._plan()
         seed = plan.seed
+        if plan.remote:
+            yield TrainedElsewhere()  # type: ignore[misc]  # not a batch: the round's clients train elsewhere
+            return
         if plan.batched:
             yield from self.datamodule.stacked_client_batches(plan.client_ids, plan.round_idx, plan.local_epochs,
                                                               seed)

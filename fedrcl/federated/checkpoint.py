@@ -201,7 +201,8 @@ def with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
 
 
 class RoundCheckpoint(ModelCheckpoint):
-    """Checkpoint every ``every_n_epochs`` rounds and after the last round; ``last.ckpt`` beside them.
+    """Checkpoint every ``every_n_epochs`` rounds and after the last round; ``last.ckpt`` beside them (on Flower's
+    server, every round).
 
     Files are named ``round{epoch:04d}.ckpt`` (Lightning's 0-based epoch: ``round0019`` holds 20 rounds).
     """
@@ -233,6 +234,12 @@ class RoundCheckpoint(ModelCheckpoint):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.due(trainer):
             self.save(trainer)
+        elif getattr(getattr(trainer, "federation", None), "remote", None) is not None \
+                and not self._should_skip_saving_checkpoint(trainer):
+            # clients on other machines (Flower): a node lost in the next round stops the run, which then resumes
+            # from this round, so ``last.ckpt`` is written every round (the round files as due)
+            log_round(trainer)
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def save(self, trainer: L.Trainer) -> None:
         """Write the current round's checkpoint and ``last.ckpt`` now, its scalars logged first."""

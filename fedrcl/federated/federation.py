@@ -24,6 +24,11 @@ per step; the clients' weighted sums meet in one all-reduce per tensor at the ro
 process runs the same server step on the same mean. Lightning's plain DDP cannot run this loop: it would
 average the gradients of different clients at every step, and hang when their step counts differ.
 
+With ``remote`` (Flower's server, ``fedrcl.flower.server``) the round's clients train on other machines: the stream
+has one item per round (``RoundPlan.remote``), in whose Lightning step the ``RemoteClients`` engine trains and
+aggregates the round there; its new global weights, client steps and losses come back into this loop, whose round's
+end (evaluation, logs, checkpoint, callbacks, ``trainer.max_time``, stop signals) is the same as for every backend.
+
 At each client's end, before aggregation, every ``RoundCallback`` among the trainer's callbacks has its
 ``on_client_end(trainer, pl_module, client, local_state)`` called with the client's ``ClientContext`` and
 its local weights (e.g. ``fedrcl.analysis.ClientEvaluation``). ``ledger``
@@ -35,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Protocol
 
 import lightning as L
 import torch
@@ -74,6 +79,26 @@ def count_client_steps(trainer: L.Trainer, steps: int) -> None:
     progress = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
     progress.ready += steps
     progress.completed += steps
+
+
+class RemoteRound(NamedTuple):
+    """A round trained elsewhere: the new global weights, the clients' summed step losses (``loss``,
+    ``loss_<part>``) and steps, and the engine's own scalars (e.g. the bytes Flower carried)."""
+
+    weights: dict[str, Tensor]
+    loss_sums: dict[str, float]
+    steps: int
+    metrics: dict[str, float]
+
+
+class RemoteClients(Protocol):
+    """An engine whose clients train on other machines (Flower's nodes, ``fedrcl.flower.server.NodeRounds``)."""
+
+    def begin(self, round_idx: int, global_weights: dict[str, Tensor]) -> None:
+        """Round ``round_idx`` begins from ``global_weights``: sample and configure its clients."""
+
+    def train(self) -> RemoteRound:
+        """Train the round's clients there and aggregate them (a failure raises, naming the clients)."""
 
 
 class RoundCallback(L.Callback):
@@ -155,6 +180,11 @@ class Federation(L.Callback):
         self.round: Optional[ServerRound] = None  # the round in progress
         self.privacy = privacy
         self.lockstep: Optional[Any] = None  # with seeds together: this run's ``fedrcl.federated.lockstep.Seat``
+        self.remote: Optional[RemoteClients] = None  # clients on other machines (Flower's server)
+        self._remote_round: Optional[RemoteRound] = None
+        # a stop signal recorded by the process that runs this fit in another thread (a Flower simulation's
+        # ``fedrcl.federated.preemption.StopSignal``): read after each round, as a signal to this fit
+        self.stop_signal: Optional[Any] = None
 
     # -- planning -----------------------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -206,6 +236,9 @@ class Federation(L.Callback):
             mine = tuple(sampled[trainer.global_rank::trainer.world_size])
             self._plan = RoundPlan.of_clients(round_idx, mine, dm.client_num_samples, dm.client_steps_per_epoch,
                                               self.local_epochs, self.seed)
+            if self.remote is not None:
+                self._plan = dataclasses.replace(self._plan, remote=True)
+                return self._plan
             device = trainer.strategy.root_device
             batched = self.batching.applies(trainer.lightning_module, device, str(trainer.precision))
             self._plan = dataclasses.replace(self._plan, batched=batched)
@@ -217,6 +250,9 @@ class Federation(L.Callback):
         self._log_ledger(trainer)
         self._started = time.perf_counter()
         algorithm = client_algorithm(pl_module)
+        if self.remote is not None:  # configured by the engine, from the global weights
+            self.remote.begin(trainer.current_epoch, snapshot(algorithm.backbone))
+            return
         self.round = ServerRound(self.server, algorithm, trainer.current_epoch, snapshot(algorithm.backbone),
                                  self.ledger, reduce=process_sum(trainer),
                                  vote=lambda failed: trainer.strategy.reduce_boolean_decision(failed, all=False),
@@ -229,6 +265,10 @@ class Federation(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
         slot = plan.locate(batch_idx)
+        if plan.remote:  # the round's one step: its clients train elsewhere and are aggregated there
+            assert self.remote is not None
+            self._remote_round = self.remote.train()
+            return
         if plan.batched:
             if slot.step == 0:  # every client's lr at every step is the stacked engine's
                 self._runs = self._clients
@@ -248,6 +288,15 @@ class Federation(L.Callback):
                            batch_idx: int) -> None:
         plan = self.plan(trainer.current_epoch)
         slot = plan.locate(batch_idx)
+        if plan.remote:
+            done, self._remote_round = self._remote_round, None
+            assert done is not None
+            client_algorithm(pl_module).add_remote_losses(done.loss_sums, done.steps)
+            count_client_steps(trainer, done.steps - 1)  # Lightning counted the round's one step
+            for key, value in done.metrics.items():
+                pl_module.log(key, value, on_step=False, on_epoch=True, batch_size=1)
+            self._end_round(trainer, pl_module, done.weights)
+            return
         if plan.batched:  # one step of each client that stepped: global_step counts client steps everywhere
             stack = self._stack(pl_module)
             count_client_steps(trainer, stack.stepped - 1)
@@ -280,8 +329,7 @@ class Federation(L.Callback):
 
     def _finish_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         assert self.round is not None
-        algorithm = client_algorithm(pl_module)
-        load_state_(algorithm.backbone, self.round.finish())
+        new_global = self.round.finish()
         self.round, self._clients = None, []
         if trainer.world_size > 1:  # global_step: every process's clients' steps, as in one process
             plan, dm = self.plan(trainer.current_epoch), self.datamodule
@@ -289,8 +337,17 @@ class Federation(L.Callback):
             every = RoundPlan.of_clients(plan.round_idx, sampled, dm.client_num_samples, dm.client_steps_per_epoch,
                                          self.local_epochs, self.seed)
             count_client_steps(trainer, sum(every.steps) - sum(plan.steps))
-        pl_module.log("time/round_seconds", time.perf_counter() - self._started, on_step=False, on_epoch=True)
-        pl_module.log("train/lr", algorithm.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True)
+        self._end_round(trainer, pl_module, new_global)
+
+    def _end_round(self, trainer: L.Trainer, pl_module: L.LightningModule, new_global: dict[str, Tensor]) -> None:
+        """The round's new global weights into the model (evaluated and checkpointed next); its seconds, client lr
+        and privacy logged."""
+        algorithm = client_algorithm(pl_module)
+        load_state_(algorithm.backbone, new_global)
+        pl_module.log("time/round_seconds", time.perf_counter() - self._started, on_step=False, on_epoch=True,
+                      batch_size=1)
+        pl_module.log("train/lr", algorithm.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True,
+                      batch_size=1)
         if self.privacy is not None:
             self._privacy_round(trainer, pl_module)
 
@@ -300,7 +357,8 @@ class Federation(L.Callback):
         privacy = self.privacy
         assert privacy is not None
         for name, value in privacy.metrics().items():
-            pl_module.log(name, value, on_step=False, on_epoch=True, prog_bar=name == "privacy/epsilon")
+            pl_module.log(name, value, on_step=False, on_epoch=True, prog_bar=name == "privacy/epsilon",
+                          batch_size=1)
         if trainer.current_epoch + 1 < (trainer.max_epochs or 0) and privacy.budget_spent():
             trainer.should_stop = True
             rank_zero_info(privacy.budget_line(trainer.current_epoch + 1))

@@ -149,7 +149,11 @@ class Preemption(L.Callback):
             if packed[0].item() and not asked:
                 connector.signum, connector.requeue = int(packed[0].item()), bool(packed[1].item())
             asked = bool(packed[0].item())
-        seat = getattr(getattr(trainer, "federation", None), "lockstep", None)
+        federation = getattr(trainer, "federation", None)
+        outside = getattr(federation, "stop_signal", None)  # a fit in a thread: its process's signal (Flower)
+        if outside is not None and outside.signum is not None and isinstance(connector, PreemptionSignals):
+            connector.signum, asked = connector.signum or outside.signum, True
+        seat = getattr(federation, "lockstep", None)
         if seat is not None:  # seeds together: every run stops after the same round
             signum = seat.round_end(connector.signum if isinstance(connector, PreemptionSignals) else None)
             if signum is not None and isinstance(connector, PreemptionSignals):

@@ -53,8 +53,7 @@ def stacked_step(cache: dict[tuple[int, int, int], ClientStep], algorithm: Any, 
 
 
 class Member(NamedTuple):
-    """One federation of a stacked round, as the engine reads it: its trainer, client algorithm and data module (a
-    seed's ``DrivenRun`` is one)."""
+    """One federation of a stacked round, as the engine reads it: its trainer, client algorithm and data module."""
 
     trainer: Any
     module: Any

@@ -243,7 +243,8 @@ class Fleet:
 
 
 class FleetGrid(Grid):
-    """A ``Grid`` whose ``send_and_receive`` is ``Fleet.exchange``: what ``Strategy.start`` calls each round.
+    """A ``Grid`` whose ``send_and_receive`` is ``Fleet.exchange``: what ``Strategy.start`` and
+    ``fedrcl.flower.server.NodeRounds`` call each round.
     Everything else is the wrapped grid's."""
 
     def __init__(self, grid: Grid, fleet: Fleet):

@@ -1,17 +1,17 @@
-"""The fedrcl ServerApp: the strategy's rounds, central evaluation, and the run folder of ``fedrcl fit``.
+"""The fedrcl ServerApp: ``fedrcl fit`` with the round's clients on Flower's nodes.
 
 ``run_federation(grid, args)`` builds the run from fedrcl's arguments exactly as ``fedrcl fit`` does (same
-initial weights, split, server optimizer, logger), then runs ``FedrclStrategy.start``. After each round,
-on the server: the global model is evaluated on the whole test set every ``trainer.eval_every`` rounds
-(``val/acc`` and the accuracy EMA ``val/acc_ema``, the algorithm's own ``validation_step``); the round's
-scalars go to the config's logger with the round as the step (``train/loss*``, ``train/lr``,
-``time/round_seconds``, fedrcl's ``comm/*`` and ``time/*`` ledger, and ``flower/down_bytes`` /
-``flower/up_bytes``, the bytes Flower's ArrayRecords carried); checkpoints are written every
-``trainer.checkpoint_every`` rounds and after the last one. The run folder holds ``config.yaml`` and
-``split.json`` as ``fedrcl fit`` writes them. ``--ckpt_path PATH`` (or ``last``) among the arguments resumes a
-run from a checkpoint of a Flower run or of ``fedrcl fit`` (``resume``): the checks of ``fedrcl fit``,
-then global weights, server memory, accuracy EMA, byte ledger and the client-state manifest are restored,
-the rounds go on from the next one, and the scalars go to a new version folder of the run.
+initial weights, split, server optimizer, logger, callbacks) and runs ``trainer.fit``: Lightning's fit loop, whose
+rounds are ``fedrcl fit``'s (``fedrcl.federated.federation``), with the round's clients trained on the nodes by
+``NodeRounds``, the federation's remote engine: each round it begins and configures ``FedrclStrategy``'s round, sends
+its messages and folds the replies in (``configure_train``, ``send_and_receive``, ``aggregate_train``, as Flower's
+``Strategy.start`` does), and the new global weights come back into the fit loop. Everything after is the round's
+end of every backend: evaluation on the server (``val/acc`` and its EMA), the round's scalars (``train/loss*``,
+``train/lr``, ``time/round_seconds``, fedrcl's ``comm/*`` and ``time/*`` ledger, and ``flower/down_bytes`` /
+``flower/up_bytes``, the bytes Flower's ArrayRecords carried), the round's line, the callbacks' hooks, checkpoints
+(``last.ckpt`` every round here: a lost node stops the run, which resumes from the last round done), Lightning's
+``trainer.max_time``, SIGTERM and Ctrl-C (after the round, checkpointed), the privacy budget. ``--ckpt_path PATH``
+(or ``last``) among the arguments resumes a run of Flower or of ``fedrcl fit`` as ``fedrcl fit`` does.
 """
 from __future__ import annotations
 
@@ -20,28 +20,99 @@ import logging
 import signal
 import sys
 import threading
-import time
+import warnings
 from logging import INFO, WARNING
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
-from flwr.app import ArrayRecord, Context, MetricRecord
+import lightning as L
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.app.exception import AppExitException
 from flwr.serverapp import Grid, ServerApp
 from flwr.common import log
 from flwr.common.logger import FLOWER_LOGGER, update_console_handler
 from flwr.supercore.exit import ExitCode
+from torch import Tensor
 
 from fedrcl.cli import split_ckpt_path
 from fedrcl.contract.exchange import check_method
-from fedrcl.contract.weights import load_state_
 from fedrcl.federated.checkpoint import resume_path
-from fedrcl.federated.driven import DrivenRun, evaluate, not_run, open_run
+from fedrcl.federated.federation import RemoteRound, client_callbacks
+from fedrcl.federated.preemption import Preempted, StopSignal, last_checkpoint
+from fedrcl.federated.progress import quiet_lightning
 from fedrcl.flower.config import Args, as_args, build, run_args
-from fedrcl.flower.nodes import ClientFailure
+from fedrcl.flower.nodes import ClientFailure, FleetGrid
 from fedrcl.flower.secure_aggregation import SecureAggregation
 from fedrcl.flower.strategy import FedrclStrategy
-from fedrcl.federated.preemption import StopSignal
+
+# Lightning's per-step hooks: on Flower's server they run once per round (the round's one step; the clients'
+# steps are on the nodes), named before the run starts
+STEP_HOOKS = ("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",
+              "on_before_optimizer_step", "on_before_zero_grad")
+
+
+def not_run(trainer: L.Trainer) -> list[str]:
+    """What of the config's callbacks does not run as in ``fedrcl fit``, named before the run starts: each
+    ``RoundCallback``'s ``on_client_end`` (the clients' local models stay on the nodes; ``round_metrics``, on the
+    global model, runs) and a user callback's per-step hooks (``STEP_HOOKS``: once per round here)."""
+    named = [f"{type(c).__name__}.on_client_end" for c in client_callbacks(trainer)]
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        if type(callback).__module__.startswith(("fedrcl.", "lightning.")):
+            continue
+        named += [f"{type(callback).__name__}.{hook}" for hook in STEP_HOOKS
+                  if getattr(type(callback), hook) is not getattr(L.Callback, hook)]
+    return named
+
+
+class NodeRounds(L.Callback):
+    """The federation's remote engine (``fedrcl.federated.federation.RemoteClients``): the round's clients trained
+    on Flower's nodes through ``FedrclStrategy``. At the fit's start the strategy is built from the run's objects and
+    the nodes mapped to their partitions; after each checkpoint the strategy keeps the client-state files it names
+    (``kept``), so that nodes never delete what a resume needs."""
+
+    def __init__(self, grid: Grid, args: Sequence[str], timeout: float, node_wait: float, restart_wait: float,
+                 secure: Optional[SecureAggregation]):
+        self.grid, self.args, self.timeout = grid, list(args), timeout
+        self.node_wait, self.restart_wait, self.secure = node_wait, restart_wait, secure
+        self.strategy: Optional[FedrclStrategy] = None
+        self._fleet: Optional[FleetGrid] = None
+        self._round: tuple[int, list[Any]] = (0, [])  # the round in progress: Flower's round number and its messages
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Once the run is set up (the algorithm's client-state store too): the strategy; the nodes mapped."""
+        federation, dm = trainer.federation, trainer.datamodule  # type: ignore[attr-defined]  # a FederatedTrainer's
+        clients = range(dm.num_clients)
+        self.strategy = FedrclStrategy(
+            federation.server, [dm.client_num_samples(k) for k in clients], federation.clients_per_round,
+            federation.seed, steps_per_epoch=[dm.client_steps_per_epoch(k) for k in clients],
+            local_epochs=federation.local_epochs, node_wait=self.node_wait, algorithm=pl_module, run_args=self.args,
+            ledger=federation.ledger, restart_wait=self.restart_wait, privacy=federation.privacy, secure=self.secure)
+        self._fleet = self.strategy.connect(self.grid, self.timeout)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        assert self.strategy is not None
+        self.strategy.kept = self.strategy.manifest()  # a resumed run's checkpoint refers to these files
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        assert self.strategy is not None
+        self.strategy.kept = self.strategy.manifest()
+
+    def begin(self, round_idx: int, global_weights: dict[str, Tensor]) -> None:
+        assert self.strategy is not None
+        server_round = round_idx + 1
+        messages = self.strategy.configure_train(server_round, ArrayRecord.from_torch_state_dict(global_weights),
+                                                 ConfigRecord(), self.grid)
+        self._round = (server_round, list(messages))
+
+    def train(self) -> RemoteRound:
+        assert self.strategy is not None and self._fleet is not None
+        server_round, messages = self._round
+        replies = self._fleet.send_and_receive(messages, timeout=self.timeout)
+        arrays, _ = self.strategy.aggregate_train(server_round, replies)
+        assert arrays is not None
+        payload = {f"flower/{d}_bytes": float(n) for d, n in self.strategy.payload.items()}
+        return RemoteRound(arrays.to_torch_state_dict(), dict(self.strategy.loss_sums), self.strategy.round_steps,
+                           payload)
 
 
 class MetricDumps(logging.Filter):
@@ -70,26 +141,18 @@ class ServerAppStopped(AppExitException):
     exit_code = ExitCode.GRACEFUL_EXIT_SIGTERM
 
 
-class RunStopped(Exception):
-    """The run stops after a round: ``trainer.max_time``, the privacy budget, or a stop signal (``signum``)."""
-
-    def __init__(self, signum: Optional[int] = None):
-        super().__init__(signum)
-        self.signum = signum
-
-
 def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: float = 600.0,
                    restart_wait: float = 300.0, stop: Optional[StopSignal] = None,
                    secure: Optional[SecureAggregation] = None):
-    """Run fedrcl's federation ``args`` over ``grid``; returns the CLI objects (``cli.model`` holds the final
-    global model) and the strategy. ``node_wait``: seconds to wait for nodes serving every client before
-    the first round; ``restart_wait``: seconds a round waits for a lost node to come back (``Fleet``). A round
-    that stops (a node not back in time, a client's error) stops the run with the last round's checkpoint
-    written, and says so with the way to resume. The round's end is ``DrivenRun``'s, as for seeds together:
-    ``trainer.max_time``, ``max_epsilon`` and a stop signal recorded by ``stop`` (SIGTERM, Ctrl-C) end the run
-    after a round, checkpointed, saying how to resume; the caller then stops (``make_server_app``).
-    ``secure``: each round's sum through Flower's SecAgg+ (``fedrcl.flower.secure_aggregation``; a method it cannot
-    serve is refused here, before anything is written)."""
+    """Run fedrcl's federation ``args`` over ``grid`` (``fedrcl fit``'s loop, its clients on the nodes: the module
+    docstring); returns the CLI objects (``cli.model`` holds the final global model) and the strategy.
+    ``node_wait``: seconds to wait for nodes serving every client before the first round; ``restart_wait``:
+    seconds a round waits for a lost node to come back (``Fleet``). A round that stops (a node not back in time,
+    a client's error) stops the run, whose last round done is checkpointed, and says so with the way to resume.
+    ``stop``: where the process records SIGTERM and Ctrl-C when this runs outside its main thread (a simulation):
+    the run then ends after the round, checkpointed, as ``fedrcl fit`` does on a signal; a stop is recorded there
+    for the caller (``make_server_app``). ``secure``: each round's sum through Flower's SecAgg+
+    (``fedrcl.flower.secure_aggregation``; a method it cannot serve is refused here, before anything is written)."""
     args, ckpt_path = split_ckpt_path(as_args(args))
     cli = build(args)
     module, dm, trainer = cli.model, cli.datamodule, cli.trainer
@@ -100,73 +163,35 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     quiet_flower_log()
     ignored = not_run(trainer)
     if ignored:
-        log(WARNING, "fedrcl.flower does not run these trainer.callbacks: %s", ", ".join(ignored))
+        log(WARNING, "on Flower these trainer.callbacks hooks do not run as in fedrcl fit (the clients are on the "
+            "nodes; per-step hooks run once per round): %s", ", ".join(ignored))
     path = resume_path(trainer, module, dm, ckpt_path) if ckpt_path is not None else None  # before any write
-    first_round, steps = open_run(trainer, module, dm, path)
-    federation = trainer.federation
-    run = DrivenRun(trainer, module, dm, say=lambda line: log(INFO, "%s", line), next_round=first_round,
-                    steps=steps)
-    run.open()
-    clients = range(dm.num_clients)
-    strategy = FedrclStrategy(federation.server, [dm.client_num_samples(k) for k in clients],
-                              federation.clients_per_round, federation.seed,
-                              steps_per_epoch=[dm.client_steps_per_epoch(k) for k in clients],
-                              local_epochs=federation.local_epochs, first_round=first_round,
-                              node_wait=node_wait, algorithm=module, run_args=args, ledger=federation.ledger,
-                              restart_wait=restart_wait, privacy=federation.privacy, round_started=run.begin_round,
-                              secure=secure)
-    strategy.steps = steps
-    strategy.kept = strategy.manifest()  # a resumed run's checkpoint refers to these files
-    started = [time.perf_counter()]
-    privacy, rounds = federation.privacy, trainer.max_epochs - first_round
-    if privacy is not None:  # trainer.privacy.init_args.max_epsilon: the rounds within the budget
-        rounds = privacy.rounds_left(rounds)
-
-    def end_of_round(server_round: int, arrays: ArrayRecord) -> Optional[MetricRecord]:
-        if server_round == 0:  # fedrcl does not evaluate the initial model
-            return None
-        round_idx = strategy.round_idx(server_round)
-        load_state_(module.backbone, arrays.to_torch_state_dict())
-        accuracies = None
-        if (round_idx + 1) % trainer.check_val_every_n_epoch == 0:
-            with strategy.ledger.timed("evaluation"):
-                accuracies = evaluate(module, dm)
-        payload = {f"flower/{d}_bytes": float(n) for d, n in strategy.payload.items()}
-        metrics = run.end_round(strategy.steps - run.steps, dict(strategy.train_metrics),
-                                time.perf_counter() - started[0], accuracies, payload)
-        if run.saved:
-            strategy.kept = strategy.manifest()
-        started[0] = time.perf_counter()
-        signum = stop.signum if stop is not None else None
-        if run.stopped is not None or (signum is not None and not run.done):
-            raise RunStopped(signum)
-        return MetricRecord({k: float(v) for k, v in metrics.items()})
-
+    engine = NodeRounds(grid, args, timeout, node_wait, restart_wait, secure)
+    trainer.federation.remote, trainer.federation.stop_signal = engine, stop
+    trainer.callbacks.append(engine)  # Lightning's list of the fit's callbacks
     try:
-        strategy.start(grid, ArrayRecord.from_torch_state_dict(module.backbone.state_dict()),
-                       num_rounds=rounds, timeout=timeout, evaluate_fn=end_of_round)
+        with warnings.catch_warnings():  # the round's one step trains nothing here, on purpose
+            warnings.filterwarnings("ignore", message="`training_step` returned `None`")
+            quiet_lightning()  # again: a simulation's other threads may have reset the process's filters
+            trainer.fit(module, datamodule=dm, ckpt_path=path)
+    except Preempted as stopping:
+        log(WARNING, "%s: %s", stopping.signal_name, stopped(trainer))
+        if stop is not None:
+            stop.signum = stop.signum or int(stopping.code) - 128  # type: ignore[arg-type]  # 128 + the signal
+        else:
+            raise
     except ClientFailure as failure:
-        raise ClientFailure(f"{failure}\n{stopped(run)}") from None
-    except RunStopped as stopping:
-        run.close(stopping=stopping.signum is not None)
-        if stopping.signum is not None:
-            log(WARNING, "%s: %s", signal.Signals(stopping.signum).name, stopped(run))
-        return cli, strategy
-    run.close()
-    return cli, strategy
+        raise ClientFailure(f"{failure}\n{stopped(trainer)}") from None
+    return cli, engine.strategy
 
 
-def stopped(run: DrivenRun) -> str:
-    """Checkpoint the last round done if its checkpoint was not due, flush the logs; say how to resume."""
-    run.checkpoint_now()
-    for logger in run.trainer.loggers:
-        logger.finalize("failed")
-    if not run.metrics:  # no round ended in this run
-        return "No round was done in this run."
-    trainer = run.trainer
-    path = trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback is not None else ""
-    return (f"The run stopped after round {run.next_round}, checkpoint {path}; resume with --ckpt_path last "
-            "among fedrcl's arguments (python -m fedrcl.flower, or flwr run's fedrcl-args).")
+def stopped(trainer: L.Trainer) -> str:
+    """Where a run that stopped can resume from, and how."""
+    done, path = trainer.current_epoch, last_checkpoint(trainer)
+    if not path:
+        return f"The run stopped after round {done}, with no checkpoint."
+    return (f"The run stopped after round {done}, checkpoint {path}; resume with --ckpt_path last among fedrcl's "
+            "arguments (python -m fedrcl.flower, or flwr run's fedrcl-args).")
 
 
 def make_server_app(args: Optional[Args] = None, timeout: float = 3600.0, more: Sequence[Args] = (),

@@ -1,6 +1,7 @@
 """A Flower ``Strategy`` around any fedrcl server optimizer, with fedrcl's sampling and aggregation.
 
-Per round (``server_round`` 1-based, fedrcl's ``round_idx`` = ``first_round + server_round - 1``):
+Per round (``server_round`` 1-based, fedrcl's ``round_idx`` = ``server_round - 1``; ``fedrcl.flower.server`` runs
+the rounds in ``fedrcl fit``'s loop, ``start`` in Flower's own):
 
 - ``configure_train``: the clients of ``fedrcl.federated.sampling.sample_clients`` (seeded by (seed, round),
   never Python's global ``random``), the round's ``fedrcl.federated.round.ServerRound`` begun from the
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from logging import INFO
 from typing import Any, Optional
 
@@ -87,7 +88,6 @@ class FedrclStrategy(Strategy):
         local_epochs: local epochs each client trains per round.
         clients_per_round: clients sampled per round.
         seed: the federation's seed (``trainer.seed``).
-        first_round: fedrcl round index of Flower's round 1 (a resumed run's next round).
         node_wait: seconds to wait for nodes that serve every client before the first round; also what a node
             that comes back mid-run has to say which partition it serves (``Fleet``).
         restart_wait: seconds a round waits for a lost node's partition to be served again (``Fleet``).
@@ -97,25 +97,23 @@ class FedrclStrategy(Strategy):
         ledger: where bytes and seconds are counted (default: a new ``RoundLedger``).
         privacy: ``trainer.privacy`` (``fedrcl.privacy.DPFedAvg``): the replies clipped and their mean noised in
             the server round, as in ``fedrcl fit``; ``None``: none.
-        round_started: called as each round begins, before it is configured (the run's callbacks' round start).
         secure: Flower's SecAgg+ for each round's sum (``fedrcl.flower.secure_aggregation``): the server gets the
             round's mean update, never a client's; ``None``: the replies carry each client's weights.
     """
 
     def __init__(self, server: ServerOptimizer, num_samples: Sequence[int], clients_per_round: int, seed: int,
-                 *, steps_per_epoch: Sequence[int], local_epochs: int, first_round: int = 0,
+                 *, steps_per_epoch: Sequence[int], local_epochs: int,
                  node_wait: float = 600.0, algorithm: Any = None, run_args: Sequence[str] = (),
                  ledger: Optional[RoundLedger] = None, restart_wait: float = 300.0, privacy: Any = None,
-                 round_started: Optional[Callable[[], None]] = None, secure: Optional[SecureAggregation] = None):
+                 secure: Optional[SecureAggregation] = None):
         self.server, self.num_samples = server, list(num_samples)
         self.secure = secure
         self.secure_sum: Optional[SecureSum] = None  # the round's SecAgg+ outcome, from configure to aggregate
         self.secure_nodes: dict[int, list[int]] = {}  # its nodes' clients
         self.grid: Optional[Grid] = None  # Flower's own grid, for the SecAgg+ stages (``start``)
         self.timeout = 3600.0
-        self.round_started = round_started
         self.steps_per_epoch, self.local_epochs = list(steps_per_epoch), local_epochs
-        self.clients_per_round, self.seed, self.first_round = clients_per_round, seed, first_round
+        self.clients_per_round, self.seed = clients_per_round, seed
         self.node_wait, self.privacy = node_wait, privacy
         self.algorithm = algorithm if algorithm is not None else ClientExchange()  # FedAvg's: sends nothing more
         self.run_args = [str(a) for a in run_args]
@@ -124,6 +122,8 @@ class FedrclStrategy(Strategy):
         self.ledger = ledger if ledger is not None else RoundLedger()
         self.payload = {"down": 0, "up": 0}  # this round's bytes in Flower's ArrayRecords
         self.train_metrics: dict[str, float] = {}
+        self.loss_sums: dict[str, float] = {}  # the last round's summed step losses, over its clients
+        self.round_steps = 0  # the last round's client steps
         self.steps = 0  # local steps of every client so far (Lightning's global_step in fedrcl fit)
         self.round: Optional[ServerRound] = None  # the round in progress
         self.clients: list[int] = []  # its clients, in the sampled order
@@ -138,7 +138,7 @@ class FedrclStrategy(Strategy):
         return {k: str(self.store.file(k)) for k in range(len(self.num_samples)) if self.store.file(k) is not None}
 
     def round_idx(self, server_round: int) -> int:
-        return self.first_round + server_round - 1
+        return server_round - 1
 
     def _run_record(self) -> ConfigRecord:
         return ConfigRecord({"args": self.run_args})
@@ -148,20 +148,23 @@ class FedrclStrategy(Strategy):
               evaluate_fn: Any = None) -> Result:
         """Flower's loop, with the rounds' messages sent and received by the ``Fleet`` (``FleetGrid``); the
         nodes are mapped to their partitions first, waiting up to ``node_wait`` seconds."""
+        return super().start(self.connect(grid, timeout), initial_arrays, num_rounds, timeout, train_config,
+                             evaluate_config, evaluate_fn)
+
+    def connect(self, grid: Grid, timeout: float) -> FleetGrid:
+        """Map the nodes to their partitions, waiting up to ``node_wait`` seconds; the grid whose
+        ``send_and_receive`` exchanges a round's messages through the ``Fleet`` (``timeout``: seconds a round waits)."""
         started = time.perf_counter()
         self.grid, self.timeout = grid, timeout
         self.fleet.discover(grid, self.node_wait)
         log(INFO, "fedrcl: the nodes of all %s clients answered in %.1f s (a simulation: Ray's start included)",
             len(self.num_samples), time.perf_counter() - started)
-        return super().start(FleetGrid(grid, self.fleet), initial_arrays, num_rounds, timeout, train_config,
-                             evaluate_config, evaluate_fn)
+        return FleetGrid(grid, self.fleet)
 
     # -- training -----------------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         round_idx = self.round_idx(server_round)
-        if self.round_started is not None:
-            self.round_started()
         if self.secure is None:
             self.round = ServerRound(self.server, self.algorithm, round_idx, arrays.to_torch_state_dict(),
                                      self.ledger, privacy=self.privacy)
@@ -269,6 +272,7 @@ class FedrclStrategy(Strategy):
         new_global = self.round.finish()
         self.round = None
         self.steps += steps
+        self.loss_sums, self.round_steps = sums, steps
         self.train_metrics = {f"train/{k}": v / steps for k, v in sums.items()}
         return ArrayRecord.from_torch_state_dict(new_global), MetricRecord(dict(self.train_metrics))
 
