@@ -145,9 +145,11 @@ def runs(data_root, tmp_path_factory):
         longer[longer.index("--trainer.rounds") + 1] = str(ROUNDS + 1)
         every += [args, longer]
     # a user's callback's round hooks, and trainer.max_time of one second: the run stops after its first round
+    # (and ClientEvaluation, whose global-model columns the server logs: the local models stay on the nodes)
     every.append([*flower_args(data_root, tmp / "flower_hooks", "fedavg"), "--trainer.callbacks+=round_hooks.RoundHooks",
-                  "--trainer.callbacks.path", str(tmp / "hooks.txt"), "--trainer.max_time", "00:00:00:01",
-                  "--trainer.rounds", "20"])
+                  "--trainer.callbacks.path", str(tmp / "hooks.txt"),
+                  "--trainer.callbacks+=fedrcl.analysis.ClientEvaluation", "--trainer.callbacks.every_n_rounds", "1",
+                  "--trainer.max_time", "00:00:00:01", "--trainer.rounds", "20"])
     script = ("import json, sys; from fedrcl.flower.simulation import simulate; "
               "runs = json.loads(sys.argv[1]); simulate(runs[0], more=runs[1:])")
 
@@ -529,7 +531,8 @@ def test_a_flower_run_opens_on_accuracy_in_tensorboard_as_a_fit_run(runs):
 
 
 def test_flower_calls_a_callbacks_round_hooks_and_honours_max_time(runs):
-    """On Flower's server a user's callback sees the run's start, each round's start and end and the run's end;
+    """On Flower's server a user's callback sees the run's start, each round's start and end and the run's end, and
+    ``ClientEvaluation`` logs its global model's columns every round;
     ``trainer.max_time`` (one second) ends the run of 20 rounds after the round that passes it, checkpointed, and
     the summary says why: Flower's server runs ``fedrcl fit``'s loop."""
     tmp = runs["fedavg"][1].parents[3]
@@ -541,6 +544,10 @@ def test_flower_calls_a_callbacks_round_hooks_and_honours_max_time(runs):
     ckpt = torch.load(tmp / "flower_hooks" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt",
                       weights_only=True)
     assert ckpt["epoch"] == done - 1
+    scalars = load_scalars(tmp / "flower_hooks" / "quickstart" / "version_0")
+    assert scalars["clients/global_mix_acc_mean"][0].tolist() == list(range(1, done + 1))  # every round's
+    assert "clients/local_test_acc_mean" not in scalars  # the local models are on the nodes
+    assert "ClientEvaluation.on_client_end" in log  # named before the run
 
 
 def test_sigterm_stops_a_simulation_after_the_round_checkpointed(data_root, tmp_path):
