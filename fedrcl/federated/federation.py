@@ -71,16 +71,6 @@ def client_algorithm(pl_module: L.LightningModule) -> ClientAlgorithm:
     return pl_module
 
 
-def count_client_steps(trainer: L.Trainer, steps: int) -> None:
-    """Add ``steps`` to Lightning's optimizer-step count: a batched step is one step of each of K clients,
-    counted K times, and each process adds the other processes' clients' steps at the round's end, so that
-    ``global_step`` (in checkpoints and logs) means the clients' local steps on every backend (``fedrcl fit``,
-    batched, several processes, Flower)."""
-    progress = trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
-    progress.ready += steps
-    progress.completed += steps
-
-
 class RemoteRound(NamedTuple):
     """A round trained elsewhere: the new global weights, the clients' summed step losses (``loss``,
     ``loss_<part>``) and steps, and the engine's own scalars (e.g. the bytes Flower carried)."""
@@ -181,6 +171,7 @@ class Federation(L.Callback):
         self.privacy = privacy
         self.lockstep: Optional[Any] = None  # with seeds together: this run's ``fedrcl.federated.lockstep.Seat``
         self.remote: Optional[RemoteClients] = None  # clients on other machines (Flower's server)
+        self.client_steps = 0  # every client's local steps so far, on every backend (``FederatedTrainer.global_step``)
         self._remote_round: Optional[RemoteRound] = None
         # a stop signal recorded by the process that runs this fit in another thread (a Flower simulation's
         # ``fedrcl.federated.preemption.StopSignal``): read after each round, as a signal to this fit
@@ -292,14 +283,12 @@ class Federation(L.Callback):
             done, self._remote_round = self._remote_round, None
             assert done is not None
             client_algorithm(pl_module).add_remote_losses(done.loss_sums, done.steps)
-            count_client_steps(trainer, done.steps - 1)  # Lightning counted the round's one step
             for key, value in done.metrics.items():
                 pl_module.log(key, value, on_step=False, on_epoch=True, batch_size=1)
             self._end_round(trainer, pl_module, done.weights)
             return
-        if plan.batched:  # one step of each client that stepped: global_step counts client steps everywhere
+        if plan.batched:
             stack = self._stack(pl_module)
-            count_client_steps(trainer, stack.stepped - 1)
         else:  # a step of ``client_direction`` returns the step's real loss beside the surrogate Lightning steps on
             loss = outputs.get("local_loss", outputs.get("loss")) if isinstance(outputs, Mapping) else outputs
             if isinstance(loss, torch.Tensor):  # summed on the device; checked once per client, at its end
@@ -331,12 +320,6 @@ class Federation(L.Callback):
         assert self.round is not None
         new_global = self.round.finish()
         self.round, self._clients = None, []
-        if trainer.world_size > 1:  # global_step: every process's clients' steps, as in one process
-            plan, dm = self.plan(trainer.current_epoch), self.datamodule
-            sampled = sample_clients(dm.num_clients, self.clients_per_round, self.seed, plan.round_idx)
-            every = RoundPlan.of_clients(plan.round_idx, sampled, dm.client_num_samples, dm.client_steps_per_epoch,
-                                         self.local_epochs, self.seed)
-            count_client_steps(trainer, sum(every.steps) - sum(plan.steps))
         self._end_round(trainer, pl_module, new_global)
 
     def _end_round(self, trainer: L.Trainer, pl_module: L.LightningModule, new_global: dict[str, Tensor]) -> None:
@@ -344,6 +327,12 @@ class Federation(L.Callback):
         and privacy logged."""
         algorithm = client_algorithm(pl_module)
         load_state_(algorithm.backbone, new_global)
+        plan, dm = self.plan(trainer.current_epoch), self.datamodule
+        if trainer.world_size > 1:  # every process's clients, as in one process
+            sampled = sample_clients(dm.num_clients, self.clients_per_round, self.seed, plan.round_idx)
+            plan = RoundPlan.of_clients(plan.round_idx, sampled, dm.client_num_samples, dm.client_steps_per_epoch,
+                                        self.local_epochs, self.seed)
+        self.client_steps += sum(plan.steps)
         pl_module.log("time/round_seconds", time.perf_counter() - self._started, on_step=False, on_epoch=True,
                       batch_size=1)
         pl_module.log("train/lr", algorithm.client_lr(trainer.current_epoch, 0), on_step=False, on_epoch=True,
@@ -414,6 +403,10 @@ class Federation(L.Callback):
                 "rounds before)" if self.privacy is not None else "with trainer.privacy, which this config leaves out"))
         if self.privacy is not None:
             self.privacy.load_state_dict(state_dict["privacy"])
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """The clients' local steps so far: the checkpoint's ``global_step`` (``FederatedTrainer.global_step``)."""
+        self.client_steps = int(checkpoint.get("global_step", 0))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """After a resume with deliberate changes: a new segment, in the checkpoint and the logged hparams."""

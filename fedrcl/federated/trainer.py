@@ -173,6 +173,14 @@ class FederatedTrainer(L.Trainer):
         self._signal_connector = PreemptionSignals(self)
 
     @property
+    def global_step(self) -> int:
+        """The clients' local steps so far, every client of every process counted at each round's end, on every
+        backend (the checkpoint's ``global_step``). Lightning's own count is of its optimizer's steps, which are not
+        client steps on every backend: one batched step is a step of each of K clients; Flower's server takes one
+        step a round."""
+        return self.federation.client_steps
+
+    @property
     def rounds(self) -> int:
         assert self.max_epochs is not None  # set from trainer.rounds in __init__
         return self.max_epochs
