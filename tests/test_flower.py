@@ -46,7 +46,7 @@ FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1", "
 ROUNDS = 3
 RESUMED = ["scaffold", "moon"]  # resumed on Flower, reading the node files of their checkpoint's manifest
 METHODS = {  # name: (client algorithm, overlays)
-    "fedavg": ("fedrcl.algorithms.FedAvg", []),
+    "fedavg": ("fedrcl.algorithms.FedAvg", ["--trainer.callbacks.init_args.every_n_rounds", "1"]),  # repr/* each round
     "fedrcl_fedavgm": ("fedrcl.algorithms.FedRCL", ["--config", str(REPO / "configs/server/fedavgm.yaml")]),
     "moon": ("fedrcl.algorithms.MOON", ["--config", str(REPO / "configs/methods/moon.yaml")]),
     "fedrcl_fedacg": ("fedrcl.algorithms.FedRCL", ["--config", str(REPO / "configs/server/fedacg.yaml")]),
@@ -197,6 +197,13 @@ def test_flower_simulation_gives_fit_weights(runs, name):
     for tag in ("val/acc", "val/acc_ema", "train/lr", "comm/down_bytes", "comm/up_bytes"):
         for fit_curve, flower_curve in zip(fit_scalars[tag], flower_scalars[tag]):
             np.testing.assert_array_equal(fit_curve, flower_curve, err_msg=f"{name}: {tag}")
+    # RepresentationMonitor's global-model measures (its local-model ones need the nodes' models): the same numbers
+    measured = [tag for tag in flower_scalars if tag.startswith("repr/")]
+    assert not any(tag.startswith("repr/local/") for tag in measured)
+    if name == "fedavg":
+        assert "repr/deviation_below_1" in measured and "repr/level0/effective_rank" in measured
+    for tag in measured:
+        np.testing.assert_array_equal(fit_scalars[tag][1], flower_scalars[tag][1], err_msg=f"{name}: {tag}")
     rounds, loss = flower_scalars["train/loss"]
     np.testing.assert_array_equal(rounds, fit_scalars["train/loss"][0])
     np.testing.assert_allclose(loss, fit_scalars["train/loss"][1], rtol=1e-5)  # summed in another order

@@ -54,7 +54,8 @@ class RepresentationMonitor(RoundCallback):
 
     The measurement reads no random state and changes no weights, so a run's training is the same with
     and without the monitor. Needs a ``FederatedTrainer`` and a ``FederatedDataModule``. With several
-    processes each measures its own last client; the logger writes rank 0's values.
+    processes each measures its own last client; the logger writes rank 0's values. On Flower's server, where the
+    local models stay on the nodes, it measures the global model (``D(x)`` on the round's last client's samples).
 
     Args:
         every_n_rounds: measure after every this many rounds.
@@ -75,7 +76,6 @@ class RepresentationMonitor(RoundCallback):
         self.include_local, self.deviation, self.seed = include_local, deviation, seed
         self._test: Optional[tuple[Tensor, Tensor]] = None
         self._local: Optional[dict[str, Tensor]] = None
-        self._client_id = 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not hasattr(trainer, "federation"):
@@ -89,7 +89,6 @@ class RepresentationMonitor(RoundCallback):
                       local_state: Mapping[str, Tensor]) -> None:
         if not self._due(trainer):
             return
-        self._client_id = client.client_id  # the round's last call is its last client's
         if self.include_local:  # into one buffer, reused: the last client's weights remain
             if self._local is None:
                 self._local = {k: v.detach().clone() for k, v in local_state.items()}
@@ -102,7 +101,7 @@ class RepresentationMonitor(RoundCallback):
         if not self._due(trainer):
             return {}
         started = time.perf_counter()
-        client_id = self._client_id
+        client_id = trainer.federation.plan(trainer.current_epoch).client_ids[-1]  # type: ignore[attr-defined]
         backbone, dm = pl_module.backbone, datamodule_of(trainer)
         assert isinstance(backbone, nn.Module)  # a fedrcl client algorithm's
         metrics = self.measure(backbone, dm, client_id)
