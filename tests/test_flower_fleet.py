@@ -285,3 +285,15 @@ def test_every_node_that_refused_is_named_in_one_error():
     with pytest.raises(ClientFailure, match=r"^node 104 refused .*; node 105 refused [^;]*$"):
         strategy_on(grid, refusal_grace=0.3)
     assert 0.3 <= time.monotonic() - started < 4.0
+
+
+def test_flowers_own_loop_runs_the_strategy_as_fedrcls_server_does():
+    """A ServerApp of the user's own may run the strategy with Flower's ``Strategy.start`` (fedrcl's ServerApp runs
+    ``fedrcl fit``'s loop instead, its rounds through the same ``configure_train`` / ``aggregate_train``): the nodes
+    are mapped and the round's messages go through the ``Fleet``, giving the round's weighted mean."""
+    grid = two_nodes()
+    strategy = FedrclStrategy(FedAvg(), [10 + k for k in range(CLIENTS)], 3, seed=0, steps_per_epoch=[2] * CLIENTS,
+                              local_epochs=1, node_wait=5.0)
+    strategy.fleet.poll = 0.01
+    result = strategy.start(grid, ArrayRecord.from_torch_state_dict({"w": torch.zeros(5)}), num_rounds=1, timeout=30)
+    assert torch.equal(result.arrays.to_torch_state_dict()["w"], expected_mean())

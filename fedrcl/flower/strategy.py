@@ -146,8 +146,9 @@ class FedrclStrategy(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: Optional[ConfigRecord] = None, evaluate_config: Optional[ConfigRecord] = None,
               evaluate_fn: Any = None) -> Result:
-        """Flower's loop, with the rounds' messages sent and received by the ``Fleet`` (``FleetGrid``); the
-        nodes are mapped to their partitions first, waiting up to ``node_wait`` seconds."""
+        """Flower's own loop (for a ServerApp of your own: no checkpoints, no evaluation but ``evaluate_fn``), with the
+        rounds' messages sent and received by the ``Fleet`` (``FleetGrid``); the nodes are mapped to their partitions
+        first, waiting up to ``node_wait`` seconds. fedrcl's ServerApp runs ``fedrcl fit``'s loop instead."""
         return super().start(self.connect(grid, timeout), initial_arrays, num_rounds, timeout, train_config,
                              evaluate_config, evaluate_fn)
 
