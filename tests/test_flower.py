@@ -395,6 +395,17 @@ def test_a_broken_exchange_is_refused_before_anything_is_written(data_root, tmp_
     assert {"ClientEvaluation.on_client_end", "RepresentationMonitor.on_client_end"} <= set(not_run(cli.trainer))
 
 
+def test_several_server_processes_are_refused_before_anything_is_written(data_root, tmp_path):
+    """Flower's server runs ``fedrcl fit``'s loop in one process (its clients are on the nodes): two devices would
+    start a second server process; refused in one line naming the key, before the run folder is written."""
+    from fedrcl.flower.server import run_federation
+
+    args = flower_args(data_root, tmp_path, "fedavg")
+    with pytest.raises(ValueError, match="trainer.devices x trainer.num_nodes is 2 on Flower's server"):
+        run_federation(None, [*args, "--trainer.devices", "2"])
+    assert not (tmp_path / "quickstart").exists()
+
+
 def test_a_flower_resume_from_a_bad_checkpoint_stops_before_anything_is_written(data_root, tmp_path):
     """``--ckpt_path`` on Flower is checked as ``fedrcl fit`` checks it: a missing file, or a checkpoint of
     another configuration (here FedAvg's for FedRCL), stops the run naming it, before the strategy starts

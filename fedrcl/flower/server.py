@@ -157,6 +157,10 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     cli = build(args)
     module, dm, trainer = cli.model, cli.datamodule, cli.trainer
     check_method(module, trainer.federation.server)  # before anything is written
+    if trainer.world_size > 1:
+        raise ValueError(f"trainer.devices x trainer.num_nodes is {trainer.world_size} on Flower's server: it "
+                         "aggregates and evaluates in one process, and its clients train on the nodes; set "
+                         "trainer.devices 1 (a node's device is its own: docs/flower.md)")
     if secure is not None:
         secure.check_method(module, trainer.federation.privacy)
         secure.check_run(trainer.federation.clients_per_round)
