@@ -137,10 +137,6 @@ class RunClock:
         return f"elapsed {duration(elapsed)}, left {left}"
 
 
-# A round line's metrics, in this order, where logged.
-SHOWN = (*ACCURACIES, "train/loss", "privacy/epsilon")
-
-
 def round_line(trainer: L.Trainer, metrics: dict[str, Any], clock: RunClock) -> str:
     """``Round 12/60  val/acc 0.9306  val/acc_ema 0.8812  (0.41 s; elapsed 0:05, left 0:20)``."""
     shown = {k: v for k, v in metrics.items() if k != "v_num"}
@@ -172,7 +168,7 @@ def stop_reason(trainer: L.Trainer) -> Optional[str]:
     return None if signal else "a callback set trainer.should_stop"
 
 
-def run_summary(trainer: L.Trainer, clock: RunClock, last: Optional[dict[str, Any]] = None) -> str:
+def run_summary(trainer: L.Trainer, clock: RunClock) -> str:
     """The lines a fit ends with, for example::
 
         fedrcl: stopped early after round 3/60: EarlyStopping: Monitored metric val/acc did not improve ...
@@ -180,14 +176,13 @@ def run_summary(trainer: L.Trainer, clock: RunClock, last: Optional[dict[str, An
           run folder: runs/quickstart/version_0
           checkpoint: runs/quickstart/version_0/checkpoints/last.ckpt
 
-    The first only when the fit trained fewer rounds than ``trainer.rounds`` (``stop_reason``). ``last``: the
-    last round's metrics where Lightning's loop did not log them (a Flower run's server).
+    The first only when the fit trained fewer rounds than ``trainer.rounds`` (``stop_reason``).
     """
     done, lines = trainer.current_epoch, []
-    reason = stop_reason(trainer) if last is None else None
+    reason = stop_reason(trainer)
     if reason:
         lines.append(f"fedrcl: stopped early after round {done}/{trainer.max_epochs}: {reason}")
-    values = trainer.callback_metrics if last is None else last
+    values = trainer.callback_metrics
     metrics = [f"{k} {float(values[k]):.4f}" for k in (*ACCURACIES, "privacy/epsilon") if k in values]
     lines.append(f"fedrcl: {done}/{trainer.max_epochs} rounds in {duration(clock.elapsed())}"
                  + (f"; {', '.join(metrics)}" if metrics else ""))

@@ -36,7 +36,6 @@ from torch import Tensor
 
 from fedrcl.cli import split_ckpt_path
 from fedrcl.contract.exchange import check_method
-from fedrcl.federated.checkpoint import resume_path
 from fedrcl.federated.federation import RemoteRound, client_callbacks
 from fedrcl.federated.preemption import Preempted, StopSignal, last_checkpoint
 from fedrcl.federated.progress import quiet_lightning
@@ -169,7 +168,6 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
     if ignored:
         log(WARNING, "on Flower these trainer.callbacks hooks do not run as in fedrcl fit (the clients are on the "
             "nodes; per-step hooks run once per round): %s", ", ".join(ignored))
-    path = resume_path(trainer, module, dm, ckpt_path) if ckpt_path is not None else None  # before any write
     engine = NodeRounds(grid, args, timeout, node_wait, restart_wait, secure)
     trainer.federation.remote, trainer.federation.stop_signal = engine, stop
     trainer.callbacks.append(engine)  # Lightning's list of the fit's callbacks
@@ -177,7 +175,7 @@ def run_federation(grid: Grid, args: Args, timeout: float = 3600.0, node_wait: f
         with warnings.catch_warnings():  # the round's one step trains nothing here, on purpose
             warnings.filterwarnings("ignore", message="`training_step` returned `None`")
             quiet_lightning()  # again: a simulation's other threads may have reset the process's filters
-            trainer.fit(module, datamodule=dm, ckpt_path=path)
+            trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)  # checked there before anything is written
     except Preempted as stopping:
         log(WARNING, "%s: %s", stopping.signal_name, stopped(trainer))
         if stop is not None:
