@@ -7,8 +7,11 @@ Each touches one thing whose timing or meaning was once a driver's choice:
   average of the clients' classifier biases, sent to every client, which pulls its mean logits towards it);
 - ``StepsWeightedPrior``: the same average weighted by ``1 / client.num_steps`` in ``receive_upload``;
 - ``ClientFactsLoss``: a loss that reads its own ``self.client`` (id and sample count);
-- ``PerClientScale``, ``KeepsLoss``, ``BranchesOnClient``, ``DataInLoss``: what batched clients cannot run the
-  same way, refused.
+- ``PerClientTensor``: ``PerClientScale`` written as the contract asks (its number in ``client.tensors``);
+- ``CountsOwnSteps``: a step that changes a dict of its client's tensors in place (a step count that scales the
+  step), which its end reads;
+- ``PerClientScale``, ``KeepsLoss``, ``BranchesOnClient``, ``DataInLoss``, ``UnevenTensors``,
+  ``LossReplacesTensor``: what batched clients cannot run the same way, refused.
 """
 from __future__ import annotations
 
@@ -81,6 +84,59 @@ class PerClientScale(FedAvg):
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)
         return self.scale * ce, {"ce": ce}
+
+
+class PerClientTensor(FedAvg):
+    """``PerClientScale`` with its number put in the client's tensors, where batched clients each get their own."""
+
+    def on_client_start(self, client: ClientContext) -> None:
+        super().on_client_start(client)
+        client.tensors["scale"] = torch.tensor(1.0 + client.client_id / 100)
+
+    def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        assert self.client is not None
+        ce = F.cross_entropy(out.logits, y)
+        return self.client.tensors["scale"] * ce, {"ce": ce}
+
+
+class CountsOwnSteps(FedAvg):
+    """The gradient scaled by ``1 + steps / 10``, ``steps`` the client's steps so far, counted in a dict of its
+    tensors changed in place at every step; its end checks the count against its planned steps."""
+
+    def on_client_start(self, client: ClientContext) -> None:
+        super().on_client_start(client)
+        client.tensors["count"] = {"steps": torch.zeros((), dtype=torch.float64)}
+
+    def client_direction(self, params, x, y):
+        assert self.client is not None
+        count = self.client.tensors["count"]
+        g, loss, parts = self.loss_gradient(params, x, y)
+        scale = 1 + count["steps"] / 10
+        count["steps"] = count["steps"] + 1
+        return {k: t * scale.to(t.dtype) for k, t in g.items()}, loss, parts
+
+    def on_client_end(self, client: ClientContext) -> None:
+        steps = int(client.tensors["count"]["steps"])
+        if steps != client.num_steps:
+            raise AssertionError(f"client {client.client_id} counted {steps} steps, planned {client.num_steps}")
+
+
+class UnevenTensors(FedAvg):
+    """Puts a tensor of another shape in every other client's tensors: no stacked axis holds them."""
+
+    def on_client_start(self, client: ClientContext) -> None:
+        super().on_client_start(client)
+        client.tensors["extra"] = torch.zeros(1 + client.client_id % 2)
+
+
+class LossReplacesTensor(PerClientTensor):
+    """Replaces one of its client's tensors inside ``client_loss`` (a loss keeps no state)."""
+
+    def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        assert self.client is not None
+        loss, parts = super().client_loss(x, y, out)
+        self.client.tensors["scale"] = self.client.tensors["scale"] * 1.01
+        return loss, parts
 
 
 class KeepsLoss(FedAvg):

@@ -9,7 +9,7 @@
 - ``BeginMemory``: the same with the state changed in ``begin_server_round``;
 - ``CountsLrPerStep``: a per-step Lightning hook (``on_before_optimizer_step``), which seeds together refuse;
 - ``DownloadMemoryShared``, ``BeginMemoryShared``: those two whose loss reads what the downlink installed directly
-  (not a ``client_tensors`` tensor), so that seeds together part from round 2;
+  (not the client's ``client.tensors``), so that seeds together part from round 2;
 - ``DirectionMemoryShared``: the same pull as a term of its step (``client_direction``), not of its loss: only the
   seeds' step directions tell them apart.
 """
@@ -57,8 +57,6 @@ class DownloadMemory(FedAvg):
     """CE + ``pull * <delta, theta>``, ``delta`` the last global update; the server copy computes it at the round's
     first download and keeps the broadcast for the next round (state changed in ``extra_download``)."""
 
-    client_tensors = ("_delta",)
-
     def __init__(self, pull: float = 0.5, **kwargs: Any):
         super().__init__(**kwargs)
         self.pull = pull
@@ -66,7 +64,6 @@ class DownloadMemory(FedAvg):
         self._advanced = False  # this round's update computed (not checkpointed: a round's end resets it)
         self._last = torch.zeros(0)
         self._received = torch.zeros(0)
-        self._delta = torch.zeros(0)
 
     def _advance(self, global_state: Any) -> None:
         names = [n for n, _ in self.backbone.named_parameters()]
@@ -89,10 +86,10 @@ class DownloadMemory(FedAvg):
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
-        self._delta = self._received.clone()
+        client.tensors["delta"] = self._received.clone()
 
     def pulled(self) -> Tensor:
-        return self._delta
+        return self.client.tensors["delta"]
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)
@@ -125,16 +122,12 @@ class DownloadMemoryShared(DownloadMemory):
     """``DownloadMemory`` whose loss reads the installed ``delta`` itself: one algorithm object cannot give each
     seed its own, so seeds together part once the deltas differ (round 2)."""
 
-    client_tensors = ()
-
     def pulled(self) -> Tensor:
         return self._received
 
 
 class BeginMemoryShared(BeginMemory):
     """``BeginMemory`` whose loss reads the installed ``delta`` itself (seeds together part from round 2)."""
-
-    client_tensors = ()
 
     def pulled(self) -> Tensor:
         return self._received
@@ -151,8 +144,6 @@ class DirectionMemoryShared(DownloadMemory):
     """``DownloadMemory`` whose pull is a term of its step, not of its loss: ``client_direction`` adds ``pull *
     delta``, reading the installed ``delta`` itself; its loss is plain cross-entropy, so only the seeds' step
     directions differ (from round 2), and seeds together part then."""
-
-    client_tensors = ()
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         ce = F.cross_entropy(out.logits, y)

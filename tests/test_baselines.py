@@ -240,7 +240,7 @@ def test_method_trains_two_rounds(stem, data_root, tmp_path):
     if stem == "fedlc":  # the last client's counts come from its own partition
         dm = cli.datamodule
         expected = torch.bincount(dm.y_train[dm.client_indices[model.client.client_id]], minlength=10)
-        assert torch.equal(model.class_counts, expected)
+        assert torch.equal(model.client.tensors["class_counts"], expected)
 
 
 def test_teacher_method_resumes_from_its_checkpoint(data_root, tmp_path):

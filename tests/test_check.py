@@ -65,8 +65,7 @@ def test_a_failed_run_is_named_by_its_own_error():
 
 
 def test_the_tutorials_tables_are_what_check_prints(data_root, tmp_path, monkeypatch, capsys):
-    """Each row's verdict is the page's (its reason too: MyMethod's ``together`` row falls back, its seeds one
-    after another, since its clients read their own seed's broadcast classifier); a difference to its two
+    """Each row's verdict is the page's (its reason too, for a row that falls back); a difference to its two
     digits where it is the method's, not rounding's (which another CPU may change in the 16th digit)."""
     checks = page_checks()
     assert [args[args.index("--model") + 1] for args, _ in checks] == ["my_method.MySharpMethod",
@@ -89,8 +88,7 @@ def test_the_tutorials_tables_are_what_check_prints(data_root, tmp_path, monkeyp
 
 def test_together_trains_a_method_together_as_the_sequential_run(data_root, tmp_path, monkeypatch, capsys):
     """The ``together`` backend compares the run's seed trained beside the next one with the sequential run:
-    FedLC trains together (its counts stacked per client) and agrees. (A method that falls back, MyMethod, is
-    the tutorial's table's row, checked above with its reason.)"""
+    FedLC trains together (its counts stacked per client) and agrees."""
     monkeypatch.syspath_prepend(str(REPO / "docs" / "tutorial"))
     monkeypatch.chdir(tmp_path)
     common = ["--config", str(REPO / "configs" / "quickstart.yaml"), "--data.root", str(data_root),
@@ -109,3 +107,17 @@ def test_a_refused_method_is_named_with_its_reason(data_root, tmp_path, monkeypa
     assert status == 1
     assert rows["sequential"][1:] == ["reference", ""]
     assert rows["batched"][2].startswith("refused: model KeepsLoss: client_loss stores self.last_loss")
+
+
+def test_a_row_that_did_not_run_what_it_names_says_fell_back(data_root, tmp_path, monkeypatch, capsys):
+    """MOON keeps per-client models (``unbatchable_reason``): its batched clients train one after another and its
+    seeds together each go on alone. Both rows agree with the sequential run, and say that they fell back."""
+    monkeypatch.chdir(tmp_path)
+    status, rows = check(["--config", str(REPO / "configs" / "quickstart.yaml"), "--config",
+                          str(REPO / "configs" / "methods" / "moon.yaml"), "--model", "fedrcl.algorithms.MOON",
+                          "--data.root", str(data_root), "--data.num_clients", "10", "--trainer.clients_per_round",
+                          "3", "--trainer.local_epochs", "1", "--data.local_iters_per_epoch", "3", "--rounds", "2",
+                          "--backends", "sequential", "batched", "together"], capsys)
+    assert status == 0, rows
+    assert rows["batched"][2].startswith("fell back (") and "its clients trained one after another" in rows["batched"][2]
+    assert rows["together"][2].startswith("fell back (") and "(see its notice)" in rows["together"][2], rows

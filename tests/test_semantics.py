@@ -10,12 +10,14 @@ import pytest
 from conftest import assert_same_state, run_cli
 from test_batched import assert_equal_runs, fit
 
-AGREEING = ["RunningPrior", "StepsWeightedPrior", "ClientFactsLoss"]
+AGREEING = ["RunningPrior", "StepsWeightedPrior", "ClientFactsLoss", "PerClientTensor", "CountsOwnSteps"]
 REFUSED = {  # method: what the refusal names
     "PerClientScale": "on_client_start sets self.scale differently per client",
     "KeepsLoss": "client_loss stores self.last_loss",
     "BranchesOnClient": "client_loss cannot run batched",
     "DataInLoss": "client_loss reads client.data.labels, which batched clients cannot map",
+    "UnevenTensors": "the clients' client.tensors differ \\('extra'",
+    "LossReplacesTensor": "client_loss replaces client.tensors\\['scale'\\]; a loss keeps no state",
 }
 
 
@@ -71,3 +73,22 @@ def test_what_is_per_client_and_what_a_loss_kept_by_hand():
     before = {"maps": maps, "client": None, "mu": 0.1, "t": shared}
     assert stored_attributes(before, {"maps": [], "client": "another", "mu": 0.1, "t": shared}) == []
     assert stored_attributes(before, {"maps": [], "mu": 0.2, "t": shared.clone(), "last": 1}) == ["last", "mu", "t"]
+
+
+def test_what_a_step_replaced_in_its_clients_tensors():
+    """A tensor rebound, or a dict of tensors with any entry rebound (in place too), is what the step replaced;
+    one added or removed is refused, naming it."""
+    import torch
+
+    from fedrcl.federated.batched import replaced_tensors
+
+    a, b = torch.zeros(2), {"w": torch.ones(1)}
+    given = {"a": a, "b": b}
+    assert replaced_tensors("M", "client_direction", given, {"a": a, "b": dict(b)}) == {}
+    inner = dict(b)
+    inner["w"] = inner["w"] + 1  # the step changed the dict it was handed in place
+    assert list(replaced_tensors("M", "client_direction", given, {"a": a + 0, "b": inner})) == ["a", "b"]
+    with pytest.raises(ValueError, match=r"model M: client_direction adds client.tensors\['c'\]"):
+        replaced_tensors("M", "client_direction", given, {**given, "c": a})
+    with pytest.raises(ValueError, match=r"removes client.tensors\['b'\]"):
+        replaced_tensors("M", "client_loss", given, {"a": a})

@@ -142,11 +142,15 @@ def test_unequal_clients_train_batched_and_together_equal_to_sequential(data_roo
 
 
 @pytest.mark.parametrize("method", [("fedrcl.algorithms.FedNova", "--config", "configs/methods/fednova.yaml"),
-                                    ("fedrcl.algorithms.FedSAM", "--model.init_args.rho", "0.1")],
-                         ids=["FedNova", "FedSAM"])
+                                    ("fedrcl.algorithms.FedSAM", "--model.init_args.rho", "0.1"),
+                                    ("fedrcl.algorithms.SCAFFOLD", "--config", "configs/methods/scaffold.yaml"),
+                                    ("semantics_methods.CountsOwnSteps",)],
+                         ids=["FedNova", "FedSAM", "SCAFFOLD", "CountsOwnSteps"])
 def test_fednova_and_a_step_hook_method_train_masked(data_root, tmp_path, capsys, caplog, monkeypatch, method):
-    """FedNova (it normalises by each client's own step count) and FedSAM (``client_direction``: two gradients per
-    step) train batched and together on unequal clients, no fallback, equal to sequential (float64, 1e-9)."""
+    """FedNova (it normalises by each client's own step count), FedSAM (``client_direction``: two gradients per
+    step), SCAFFOLD (each client's own lr sum in its tensors) and ``CountsOwnSteps`` (a step that changes its
+    client's tensors, which its end checks against its planned steps) train batched and together on unequal
+    clients, no fallback, equal to sequential (float64, 1e-9)."""
     from conftest import REPO
 
     monkeypatch.chdir(REPO)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import REPO, run_cli
+from fedrcl.contract import ClientContext
 
 TUTORIAL = REPO / "docs" / "tutorial.md"
 TUTORIAL_DIR = REPO / "docs" / "tutorial"
@@ -98,7 +99,8 @@ def test_my_method_loss_is_ce_plus_head_proximal_term():
     method = MyMethod(backbone=SmallCNN, num_classes=10, in_channels=3, image_size=32, mu=0.3)
     assert method.head_names == ["fc.weight", "fc.bias"]
     # The broadcast classifier: every weight 0.5 away from the local one (weight: 192 x 10, bias: 10).
-    method._anchors = [p.detach() + 0.5 for p in method.head_parameters()]
+    sent = {name: p.detach() + 0.5 for name, p in method.backbone.named_parameters()}
+    method.client = ClientContext(round_idx=0, client_id=0, num_samples=4, num_steps=1, seed=0, global_state=sent)
     x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
     out = method.backbone(x)
     loss, parts = method.client_loss(x, y, out)
@@ -107,7 +109,7 @@ def test_my_method_loss_is_ce_plus_head_proximal_term():
     loss.backward()  # the term's gradient reaches the classifier only: mu * (w - anchor) = 0.3 * -0.5
     ce_only = MyMethod(backbone=SmallCNN, num_classes=10, in_channels=3, image_size=32, mu=0.0)
     ce_only.load_state_dict(method.state_dict())
-    ce_only._anchors = method._anchors
+    ce_only.client = method.client
     ce_only.client_loss(x, y, ce_only.backbone(x))[0].backward()
     for (name, p), q in zip(method.backbone.named_parameters(), ce_only.backbone.parameters()):
         expected = q.grad + (-0.15 if name.startswith("fc.") else 0.0)
@@ -134,7 +136,7 @@ def test_server_lr_step_by_hand():
 
 
 def test_my_stateful_method_batched_equals_one_client_at_a_time(data_root, tmp_path):
-    """``client_tensors`` is what lets per-client state train batched: the same weights and loss parts as
+    """``client.tensors`` is what lets per-client state train batched: the same weights and loss parts as
     the sequential loop (float64, 3 clients that all train in both rounds, so round 2 reads their state)."""
     results = {}
     for mode in ("off", "on"):

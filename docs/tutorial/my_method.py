@@ -43,23 +43,17 @@ class MyMethod(FedAvg):
         if not self.head_names:
             raise ValueError(f"model.head: no parameter of the backbone starts with {head!r}")
         self.mu = mu
-        self._anchors: list[Tensor] = []
 
     def head_parameters(self) -> list[Tensor]:
         """The classifier's parameters (inside a batched round: the mapped client's slice)."""
         params = dict(self.backbone.named_parameters())
         return [params[name] for name in self.head_names]
 
-    def on_client_start(self, client: ClientContext) -> None:
-        super().on_client_start(client)  # keeps client facts, resets the optimizer
-        self._anchors = [client.global_state[name] for name in self.head_names]
-
-    def on_client_end(self, client: ClientContext) -> None:
-        self._anchors = []  # do not keep the round's broadcast alive
-
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        assert self.client is not None, "a client's run (on_client_start sets self.client)"
         ce = F.cross_entropy(out.logits, y)
-        prox = squared_distance(self.head_parameters(), self._anchors)
+        broadcast = [self.client.global_state[name] for name in self.head_names]  # the round's classifier
+        prox = squared_distance(self.head_parameters(), broadcast)
         return ce + self.mu / 2 * prox, {"ce": ce, "prox": prox}
 
 
@@ -74,22 +68,19 @@ class MyStatefulMethod(PersistentClientState, MyMethod):
         nu: weight of the term towards the client's previous classifier; must be >= 0.
     """
 
-    # Set per client by on_client_start and read by client_loss: stacked when clients train batched.
-    client_tensors = ("previous_head",)
-
     def __init__(self, nu: float = 0.01, **kwargs: Any):
         super().__init__(**kwargs)
         if nu < 0:
             raise ValueError(f"model.nu must be >= 0, got {nu}")
         self.nu = nu
-        self.previous_head: Optional[Tensor] = None
 
     def on_client_start(self, client: ClientContext) -> None:
-        super().on_client_start(client)
+        super().on_client_start(client)  # keeps the client's context as self.client, resets the optimizer
         head = self.load_client_state(client.client_id)  # None at the client's first participation
         if head is None:
             head = {name: client.global_state[name] for name in self.head_names}
-        self.previous_head = torch.cat([head[name].flatten() for name in self.head_names]).detach()
+        # The client's own input to its steps: batched clients each get their own slice of it.
+        client.tensors["previous_head"] = torch.cat([head[name].flatten() for name in self.head_names]).detach()
 
     def on_client_end(self, client: ClientContext) -> None:
         super().on_client_end(client)
@@ -97,8 +88,9 @@ class MyStatefulMethod(PersistentClientState, MyMethod):
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         loss, parts = super().client_loss(x, y, out)
+        assert self.client is not None, "a client's run"
         head = torch.cat([p.flatten() for p in self.head_parameters()])
-        own = (head - self.previous_head).pow(2).sum()
+        own = (head - self.client.tensors["previous_head"]).pow(2).sum()
         return loss + self.nu / 2 * own, {**parts, "own": own}
 
 

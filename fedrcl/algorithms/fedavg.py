@@ -116,14 +116,8 @@ class FedAvg(ClientExchange, L.LightningModule):
             super().__setattr__(name, value)
 
     backbone: nn.Module
-    # Batched clients (``trainer.client_batching``): tensor attributes that ``on_client_start`` sets per
-    # client and ``client_loss`` reads (stacked on a client axis when clients train together); a reason
-    # string if the method cannot train batched (its clients then train one after another).
-    client_tensors: tuple[str, ...] = ()
-    # Attributes that ``client_direction`` reads per client or replaces at every local step (a tensor, or a dict
-    # of tensors), set by ``on_client_start`` and read by ``on_client_end``: stacked clients hand each slice its
-    # own, keep what its step set, and put each client's back before its ``on_client_end`` (FedSMOO's duals).
-    step_state: tuple[str, ...] = ()
+    # Batched clients (``trainer.client_batching``): a reason string if the method cannot train batched (its
+    # clients then train one after another). What is per client goes in ``client.tensors`` (``ClientContext``).
     unbatchable_reason: Optional[str] = None
     # Loss weights (constructor arguments kept as attributes of the same name, read only in arithmetic) that a
     # sweep may vary across runs trained together: the stacked step sets each run's value per slice.
@@ -186,8 +180,8 @@ class FedAvg(ClientExchange, L.LightningModule):
 
         Default: the gradient of ``local_loss`` (``loss_gradient``). Override it to change the step itself (SAM:
         the gradient at a perturbed point). Written for one client, with tensor operations only: every engine
-        (clients one after another, batched, seeds together) maps it, and reads per-client tensors from the
-        attributes named in ``client_tensors`` as ``client_loss`` does.
+        (clients one after another, batched, seeds together) maps it. It reads the client's own inputs from
+        ``self.client.tensors``, as ``client_loss`` does, and may replace one there for the next step.
         """
         return self.loss_gradient(params, x, y)
 

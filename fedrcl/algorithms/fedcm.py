@@ -12,8 +12,8 @@ included); the engine clips ``v``, adds weight decay and momentum and steps, as 
 The server's copy computes ``Delta_t`` when round t begins (``begin_server_round``, from the round's global
 weights and the previous round's, kept in the checkpoint) and sends it to every client (``extra_download``):
 twice FedAvg's download, counted in ``comm/``. Every client takes the same ``K`` steps, as in the paper
-(``data.local_iters_per_epoch`` set; null is refused). Execution: each client's ``Delta`` is a
-``client_tensors`` copy, so batched clients and seeds together stack it.
+(``data.local_iters_per_epoch`` set; null is refused). Execution: each client's ``Delta`` is in its
+``client.tensors``, so batched clients and seeds together stack it (each seed's clients get their seed's).
 """
 from __future__ import annotations
 
@@ -42,8 +42,6 @@ class FedCM(FedAvg):
         alpha: the gradient's share of the local direction, in (0, 1] (1 is FedAvg). Xu et al.: 0.1.
     """
 
-    client_tensors = ("_momentum",)
-
     def __init__(self, alpha: float = 0.1, **kwargs: Any):
         super().__init__(**kwargs)
         if not 0 < alpha <= 1:
@@ -53,7 +51,6 @@ class FedCM(FedAvg):
         self._previous_round = -1  # ... and its round
         self._global_delta = torch.zeros(0)  # what this round sends
         self._received = torch.zeros(0)  # what the client's copy installed
-        self._momentum = torch.zeros(0)  # the training client's Delta
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -90,11 +87,12 @@ class FedCM(FedAvg):
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
-        self._momentum = self._received
+        client.tensors["momentum"] = self._received  # the training client's Delta
 
     def client_direction(self, params: Tensors, x: Tensor, y: Tensor) -> tuple[Tensors, Tensor, Tensors]:
         g, loss, parts = self.local_gradient(params, x, y)
-        return momentum_direction(g, unflatten(self._momentum, params), self.alpha), loss, parts
+        assert self.client is not None, "a client's run"
+        return momentum_direction(g, unflatten(self.client.tensors["momentum"], params), self.alpha), loss, parts
 
     def local_gradient(self, params: Tensors, x: Tensor, y: Tensor) -> tuple[Tensors, Tensor, Tensors]:
         """The gradient that FedCM mixes with ``Delta`` (MoFedSAM: SAM's), with the loss and its parts."""

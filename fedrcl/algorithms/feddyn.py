@@ -7,7 +7,7 @@ over the backbone's parameters, with ``theta_server`` the broadcast weights and 
 variable (0 at its first participation; kept on the client, ``PersistentClientState``), updated after local
 training as ``g_i <- g_i - alpha (theta_i - theta_server)`` (``fedrcl.losses.dynamic_regularizer``).
 The client uploads its weights only (and tells the server its sample count); FedDyn costs FedAvg's bytes.
-Execution: batched clients stack ``g_i`` (``client_tensors``); several processes sum the sample counts at
+Execution: batched clients stack ``g_i`` (``client.tensors``); several processes sum the sample counts at
 the server step (``fedrcl.server.client_reports``).
 """
 from __future__ import annotations
@@ -41,26 +41,21 @@ class FedDyn(PersistentClientState):
     (``trainer.server.init_args.alpha``), shared by both halves.
     """
 
-    client_tensors = ("_dual",)
     server_half = (FedDynServer, "configs/methods/feddyn.yaml")
-
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs)
-        self._dual = torch.zeros(0)
-        self._anchors: list[Tensor] = []
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
-        names = [name for name, _ in self.backbone.named_parameters()]
-        self._anchors = [client.global_state[n] for n in names]
         own = self.load_client_state(client.client_id)
-        self._dual = torch.cat([(torch.zeros_like(a) if own is None else own[n]).reshape(-1)
-                                for n, a in zip(names, self._anchors)])
+        client.tensors["dual"] = torch.cat([(torch.zeros_like(p) if own is None else own[n]).reshape(-1)
+                                            for n, p in self.backbone.named_parameters()]).detach()
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        client = self.client
+        assert client is not None, "a client's run"
         ce = F.cross_entropy(out.logits, y)
-        dyn = dynamic_regularizer(list(self.backbone.parameters()), self._dual, self._anchors,
-                                  _server_half(self.client).alpha)
+        names = [name for name, _ in self.backbone.named_parameters()]
+        dyn = dynamic_regularizer(list(self.backbone.parameters()), client.tensors["dual"],
+                                  [client.global_state[n] for n in names], _server_half(client).alpha)
         return ce + dyn, {"ce": ce, "dyn": dyn}
 
     @torch.no_grad()
@@ -70,7 +65,6 @@ class FedDyn(PersistentClientState):
                                 _server_half(client).alpha)
                  for n, p in self.backbone.named_parameters()}
         self.save_client_state(client, state)
-        self._anchors = []
 
     def receive_upload(self, client: ClientContext, upload: Mapping[str, Tensor]) -> None:
         """The server half takes a client's sample count (called by the round, on the server's copy)."""

@@ -39,7 +39,8 @@ class FedGAMMA(SCAFFOLD):
 
     def client_direction(self, params: Tensors, x: Tensor, y: Tensor) -> tuple[Tensors, Tensor, Tensors]:
         g, loss, parts = self.loss_gradient(params, x, y)  # CE's gradient plus the correction c - c_i
-        correction = unflatten(self._correction, params)
+        assert self.client is not None, "a client's run"
+        correction = unflatten(self.client.tensors["correction"], params)
         eps = sam_perturbation({k: t - correction[k] for k, t in g.items()}, self.rho)
         g_perturbed, _, _ = self.loss_gradient({k: p + eps[k] for k, p in params.items()}, x, y)
         return g_perturbed, loss, parts

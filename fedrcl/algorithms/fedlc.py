@@ -30,7 +30,6 @@ class FedLC(FedAvg):
             several values together).
     """
 
-    client_tensors = ("class_counts",)
     SWEEPABLE = ("tau",)
 
     def __init__(self, tau: float = 1.0, **kwargs: Any):
@@ -38,14 +37,13 @@ class FedLC(FedAvg):
         if tau < 0:
             raise ValueError(f"model.tau must be >= 0, got {tau}")
         self.tau = tau
-        self.class_counts: Optional[Tensor] = None
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
         assert client.data is not None, "the round hands a training client its data"
-        self.class_counts = torch.bincount(client.data.labels, minlength=client.data.num_classes)
+        client.tensors["class_counts"] = torch.bincount(client.data.labels, minlength=client.data.num_classes)
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
-        assert self.class_counts is not None, "on_client_start sets the client's class counts"
-        loss = calibrated_cross_entropy(out.logits, y, self.class_counts, self.tau)
+        assert self.client is not None, "a client's run"
+        loss = calibrated_cross_entropy(out.logits, y, self.client.tensors["class_counts"], self.tau)
         return loss, {"ce_calibrated": loss, "ce": F.cross_entropy(out.logits.detach(), y)}

@@ -22,8 +22,8 @@ FedAvg's each way (``s`` down, ``mu_i - s_hat_{i,K}`` up). FL-Simulator clips th
 ``alpha w`` (its SGD's weight decay) and sends ``mu_i`` alone; this is the paper's rule.
 
 Execution: ``mu_i`` changes at every step inside ``client_direction``; the duals, the received ``s`` and the last
-``s_hat`` are the method's ``step_state``, so batched clients and seeds together hand each client's slice its own
-and keep what its step set; several processes and Flower train it as one process does.
+``s_hat`` are in the client's ``client.tensors``, so batched clients and seeds together hand each client's slice
+its own and keep what its step replaced; several processes and Flower train it as one process does.
 """
 from __future__ import annotations
 
@@ -60,52 +60,50 @@ class FedSMOO(PersistentClientState):
     """
 
     server_half = (FedSMOOServer, "configs/methods/fedsmoo.yaml")
-    # per client: read (lam_i; s, its seed's), changed at every step (mu_i, the last s_hat)
-    step_state = ("_weight_dual", "_perturbation_dual", "_global_perturbation", "_last_perturbation")
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        self._weight_dual: dict[str, Tensor] = {}
-        self._perturbation_dual: dict[str, Tensor] = {}
-        self._global_perturbation: dict[str, Tensor] = {}
-        self._last_perturbation: dict[str, Tensor] = {}
         self._upload: dict[str, Tensor] = {}
 
     def on_client_start(self, client: ClientContext) -> None:
+        """The client's tensors: read by its steps (``weight_dual``, lam_i; ``global``, s), replaced at every step
+        (``perturbation_dual``, mu_i; ``last_perturbation``, the last s_hat), each by parameter name."""
         super().on_client_start(client)
         params = dict(self.backbone.named_parameters())
         own = self.load_client_state(client.client_id)
         zeros = {n: torch.zeros_like(p).detach() for n, p in params.items()}
-        self._weight_dual = dict(zeros) if own is None else {n: own[WEIGHT_DUAL + n].to(p) for n, p in params.items()}
-        self._perturbation_dual = dict(zeros) if own is None else \
-            {n: own[PERTURBATION_DUAL + n].to(p) for n, p in params.items()}
         s = _server_half(client).perturbation({n: client.global_state[n] for n in params})
-        self._global_perturbation = {n: s[n].to(p) for n, p in params.items()}
-        self._last_perturbation = dict(zeros)
+        client.tensors.update(
+            weight_dual=dict(zeros) if own is None else {n: own[WEIGHT_DUAL + n].to(p) for n, p in params.items()},
+            perturbation_dual=dict(zeros) if own is None else
+            {n: own[PERTURBATION_DUAL + n].to(p) for n, p in params.items()},
+            global_perturbation={n: s[n].to(p) for n, p in params.items()},
+            last_perturbation=dict(zeros))
 
     def client_direction(self, params: Tensors, x: Tensor, y: Tensor) -> tuple[Tensors, Tensor, Tensors]:
         client = self.client
         assert client is not None, "a client's run"
+        own = client.tensors
         g, loss, parts = self.loss_gradient(params, x, y)
-        s = self._global_perturbation
-        s_hat = corrected_perturbation(g, self._perturbation_dual, s, _server_half(client).rho)
-        self._perturbation_dual = {k: perturbation_dual_update(mu, s_hat[k], s[k])
-                                   for k, mu in self._perturbation_dual.items()}
-        self._last_perturbation = s_hat
+        s = own["global_perturbation"]
+        s_hat = corrected_perturbation(g, own["perturbation_dual"], s, _server_half(client).rho)
+        own["perturbation_dual"] = {k: perturbation_dual_update(mu, s_hat[k], s[k])
+                                    for k, mu in own["perturbation_dual"].items()}
+        own["last_perturbation"] = s_hat
         g_perturbed, _, _ = self.loss_gradient({k: p + s_hat[k] for k, p in params.items()}, x, y)
-        direction = fedsmoo_direction(g_perturbed, self._weight_dual, params, client.global_state,
+        direction = fedsmoo_direction(g_perturbed, own["weight_dual"], params, client.global_state,
                                       _server_half(client).alpha)
         return direction, loss, parts
 
     @torch.no_grad()
     def on_client_end(self, client: ClientContext) -> None:
-        alpha = _server_half(client).alpha
+        alpha, own = _server_half(client).alpha, client.tensors
         state = {}
         for n, p in self.backbone.named_parameters():
-            state[WEIGHT_DUAL + n] = dual_update(self._weight_dual[n], p, client.global_state[n], alpha)
-            state[PERTURBATION_DUAL + n] = self._perturbation_dual[n]
+            state[WEIGHT_DUAL + n] = dual_update(own["weight_dual"][n], p, client.global_state[n], alpha)
+            state[PERTURBATION_DUAL + n] = own["perturbation_dual"][n]
         self.save_client_state(client, state)
-        self._upload = {n: mu - self._last_perturbation[n] for n, mu in self._perturbation_dual.items()}
+        self._upload = {n: mu - own["last_perturbation"][n] for n, mu in own["perturbation_dual"].items()}
 
     def extra_upload(self, client: ClientContext) -> dict[str, Tensor]:
         """``mu_i - s_hat_{i,K}``, sent with the weights (called after ``on_client_end``)."""

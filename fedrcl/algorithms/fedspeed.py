@@ -39,8 +39,6 @@ class FedSpeed(PersistentClientState):
             is FL-Simulator's ``lamb`` (default 0.1: lam 10).
     """
 
-    client_tensors = ("_correction",)
-
     def __init__(self, alpha: float = 1.0, rho: float = 0.1, lam: float = 10.0, **kwargs: Any):
         super().__init__(**kwargs)
         if not 0 <= alpha <= 1:
@@ -50,13 +48,12 @@ class FedSpeed(PersistentClientState):
         if not lam > 0:
             raise ValueError(f"model.init_args.lam must be > 0, got {lam}")
         self.alpha, self.rho, self.lam = alpha, rho, lam
-        self._correction = torch.zeros(0)
 
     def on_client_start(self, client: ClientContext) -> None:
         super().on_client_start(client)
         own = self.load_client_state(client.client_id)
-        self._correction = torch.cat([(torch.zeros_like(p) if own is None else own[n].to(p)).reshape(-1)
-                                      for n, p in self.backbone.named_parameters()]).detach()
+        client.tensors["correction"] = torch.cat([(torch.zeros_like(p) if own is None else own[n].to(p)).reshape(-1)
+                                                  for n, p in self.backbone.named_parameters()]).detach()
 
     def client_direction(self, params: Tensors, x: Tensor, y: Tensor) -> tuple[Tensors, Tensor, Tensors]:
         g1, loss, parts = self.loss_gradient(params, x, y)
@@ -64,8 +61,8 @@ class FedSpeed(PersistentClientState):
         g2, _, _ = self.loss_gradient({k: p + eps[k] for k, p in params.items()}, x, y)
         client = self.client
         assert client is not None, "a client's run"
-        direction = fedspeed_direction(g1, g2, unflatten(self._correction, params), params, client.global_state,
-                                       self.alpha, self.lam)
+        direction = fedspeed_direction(g1, g2, unflatten(client.tensors["correction"], params), params,
+                                       client.global_state, self.alpha, self.lam)
         return direction, loss, parts
 
     @torch.no_grad()

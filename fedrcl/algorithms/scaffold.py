@@ -22,8 +22,8 @@ the mean *clipped* gradient. Momentum would mix steps; fedrcl's paper settings u
 
 Bytes: the upload is the weights plus ``delta c_i`` (``extra_upload``), the download the weights plus ``c``
 (the server's ``extra_broadcast``): twice FedAvg's traffic each way, counted in ``comm/``.
-Execution: batched clients stack ``c - c_i`` (``client_tensors``); several processes sum the clients'
-``delta c_i`` at the server step (``fedrcl.server.client_reports``).
+Execution: batched clients stack ``c - c_i`` and ``sum_k eta_k`` (``client.tensors``); several processes sum the
+clients' ``delta c_i`` at the server step (``fedrcl.server.client_reports``).
 """
 from __future__ import annotations
 
@@ -56,13 +56,10 @@ class SCAFFOLD(PersistentClientState):
     step size is the server's (``trainer.server.init_args.global_lr``).
     """
 
-    client_tensors = ("_correction",)
     server_half = (ScaffoldServer, "configs/methods/scaffold.yaml")
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        self._correction = torch.zeros(0)
-        self._lr_sum = 0.0
         self._upload: dict[str, Tensor] = {}
 
     def on_client_start(self, client: ClientContext) -> None:
@@ -70,21 +67,26 @@ class SCAFFOLD(PersistentClientState):
         names = [name for name, _ in self.backbone.named_parameters()]
         control = _server_half(client).control({n: client.global_state[n] for n in names})
         own = self.load_client_state(client.client_id)
-        self._correction = torch.cat([(control[n] if own is None else control[n] - own[n]).reshape(-1)
-                                      for n in names])
-        self._lr_sum = 0.0
+        client.tensors["correction"] = torch.cat([(control[n] if own is None else control[n] - own[n]).reshape(-1)
+                                                  for n in names])
+        lr_sum = 0.0
         for epoch in client.step_epochs():  # the lr of each step, summed in step order, as SGD applied them
-            self._lr_sum += float(self.client_lr(client.round_idx, epoch))
+            lr_sum += float(self.client_lr(client.round_idx, epoch))
+        # per client (clients may take different step counts), read back at its end
+        device = client.tensors["correction"].device
+        client.tensors["lr_sum"] = torch.tensor(lr_sum, dtype=torch.float64, device=device)
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
+        assert self.client is not None, "a client's run"
         ce = F.cross_entropy(out.logits, y)
-        return ce + linear_term(self.backbone.parameters(), self._correction), {"ce": ce}
+        return ce + linear_term(self.backbone.parameters(), self.client.tensors["correction"]), {"ce": ce}
 
     @torch.no_grad()
     def on_client_end(self, client: ClientContext) -> None:
         params = dict(self.backbone.named_parameters())
         control = _server_half(client).control(params)
-        delta = {n: control_variate_delta(client.global_state[n], p, self._lr_sum, control[n])
+        lr_sum = float(client.tensors["lr_sum"])
+        delta = {n: control_variate_delta(client.global_state[n], p, lr_sum, control[n])
                  for n, p in params.items()}
         own = self.load_client_state(client.client_id)
         self.save_client_state(client, delta if own is None else {n: own[n] + d for n, d in delta.items()})

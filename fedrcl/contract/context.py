@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Optional, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
 
 from torch import Tensor
 
@@ -50,9 +50,15 @@ class ClientContext:
             process it is the run's server; on a Flower node, the node's copy. ``None`` outside a round.
         data: the client's own training data (``ClientData``), for its hooks (``on_client_start``,
             ``on_client_end``, ``extra_upload``); ``None`` on the server's side of Flower. A batched
-            ``client_loss`` cannot read it: read it in ``on_client_start`` into a ``client_tensors`` tensor.
+            ``client_loss`` cannot read it: read it in ``on_client_start`` into ``tensors``.
         local_epochs: local epochs this round: local epoch ``e`` is steps ``e * num_steps // local_epochs`` on,
             trained at the algorithm's ``client_lr(round_idx, e)`` (SCAFFOLD sums its lrs from these).
+        tensors: the client's own inputs to its steps, by name, each a tensor or a dict of tensors:
+            ``on_client_start`` puts them here (FedLC's label counts, SCAFFOLD's ``c - c_i``); ``client_loss``
+            and ``client_direction`` read them as ``self.client.tensors[name]``; ``client_direction`` may replace
+            one for the client's next step (FedSMOO's duals), and ``on_client_end`` reads them as the last step
+            left them. Every engine hands each client its own: stacked clients each get their slice. The one
+            mutable field: the dict is the client's for the round.
     """
 
     round_idx: int
@@ -64,6 +70,7 @@ class ClientContext:
     server: Optional[ClientServer] = None
     data: Optional[ClientData] = None
     local_epochs: int = 1
+    tensors: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def step_epochs(self) -> list[int]:
         """The local epoch of each of the client's steps this round, in order."""

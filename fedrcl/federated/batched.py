@@ -14,8 +14,8 @@ local epoch's lr.
 Shared by all clients, unbatched: the round's frozen global teacher, the broadcast weights (FedProx, FedACG's
 client term), the round's index and seed. Per client, mapped: inside ``client_loss`` each client's slice sees
 its own ``self.client`` (``client_id``, ``num_samples`` and ``num_steps`` as 0-dim integer tensors, usable in
-tensor arithmetic), and the tensors an algorithm names in ``client_tensors`` (set by its ``on_client_start``,
-e.g. FedLC's label counts), stacked. A round falls back to the sequential loop, with a one-line notice, when
+tensor arithmetic; ``client.tensors``, what its ``on_client_start`` put there, e.g. FedLC's label counts, as its
+slice of the clients' stacked ones). A round falls back to the sequential loop, with a one-line notice, when
 the algorithm keeps per-client models (``unbatchable_reason``, MOON), when the backbone has buffers (BatchNorm
 statistics) or when the method overrides Lightning's step (``OWN_STEP``: the stacked step is the method's loss or
 ``client_direction`` with SGD, and calls no Lightning hook of its own). The helpers here refuse, at the first
@@ -45,8 +45,8 @@ PER_CLIENT = {"client", "_params", "stack", "backbone"}
 OWN_STEP = ("configure_optimizers", "configure_gradient_clipping", "training_step", "on_train_batch_start",
             "on_train_batch_end", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
             "on_before_zero_grad", "optimizer_step", "optimizer_zero_grad", "backward")
-REMEDY = ("name it in client_tensors (a tensor, stacked per client), set unbatchable_reason, or "
-          "trainer.client_batching off")
+REMEDY = ("put it in client.tensors (a tensor or a dict of tensors, stacked per client), set unbatchable_reason, "
+          "or trainer.client_batching off")
 
 
 class _UnmappedData:
@@ -55,8 +55,8 @@ class _UnmappedData:
 
     def __getattr__(self, name: str) -> Any:
         raise ValueError(f"client_loss reads client.data.{name}, which batched clients cannot map: read the "
-                         "client's data in on_client_start into a tensor named in client_tensors (FedLC's "
-                         "label counts), or set unbatchable_reason")
+                         "client's data in on_client_start into client.tensors (FedLC's label counts), or set "
+                         "unbatchable_reason")
 
 
 UNMAPPED_DATA: Any = _UnmappedData()
@@ -69,29 +69,39 @@ class LocalLoss(nn.Module):
         super().__init__()
         self.algorithm = algorithm
 
-    def forward(self, client_tensors: dict[str, Tensor], facts: dict[str, Tensor], x: Tensor, y: Tensor,
-                global_state: Optional[dict[str, Tensor]] = None, direction: bool = False,
-                state: Optional[dict[str, Any]] = None) -> Any:
+    def forward(self, tensors: dict[str, Any], weights: dict[str, Tensor], facts: dict[str, Tensor], x: Tensor,
+                y: Tensor, global_state: Optional[dict[str, Tensor]] = None, direction: bool = False) -> Any:
         """The slice's ``(loss, parts)``, or with ``direction`` its ``client_direction`` ``(direction, loss, parts,
-        state)``: ``state`` is the slice's own ``step_state`` (by attribute), set for the call, and the step state
-        returned is what the attributes hold after it. ``global_state``: the slice's own broadcast weights where
-        they differ between slices (seeds together, ``fedrcl.federated.client_step``); ``None``: the client's."""
+        replaced)``: ``tensors`` is the slice's own ``client.tensors``, and ``replaced`` the entries its step
+        replaced (FedSMOO's duals). ``weights``: the slice's values of the method's ``SWEEPABLE`` loss weights, set
+        on the algorithm for the call. ``global_state``: the slice's own broadcast weights where they differ
+        between slices (seeds together, ``fedrcl.federated.client_step``); ``None``: the client's."""
         algorithm = self.algorithm
         assert algorithm.client is not None, "the clients were started (StackedClients)"
-        # This client's tensors, its facts and its slice of the weights for the server's client term, set for
-        # the call and put back before returning: no vmapped tensor outlives it (torch.compile needs that too).
-        own: dict[str, Any] = {**facts} if global_state is None else {**facts, "global_state": global_state}
-        bound = {**client_tensors, **(state or {}), "_params": dict(algorithm.backbone.named_parameters()),
-                 # the slice's own facts, 0-dim tensors where one client has ints (read in tensor arithmetic)
-                 "client": dataclasses.replace(algorithm.client, data=UNMAPPED_DATA, **own)}
+        # This client's context (its facts, 0-dim tensors where one client has ints, read in tensor arithmetic; its
+        # tensors), its loss weights and its slice of the weights for the server's client term, set for the call
+        # and put back before returning: no vmapped tensor outlives it (torch.compile needs that too).
+        given = dict(tensors)  # as handed in; the context's copy (dicts copied too) is what the hooks may change
+        own: dict[str, Any] = {**facts, "tensors": {k: dict(v) if isinstance(v, dict) else v for k, v in given.items()}}
+        if global_state is not None:
+            own["global_state"] = global_state
+        context = dataclasses.replace(algorithm.client, data=UNMAPPED_DATA, **own)
+        bound = {**weights, "_params": dict(algorithm.backbone.named_parameters()), "client": context}
         saved = {name: getattr(algorithm, name) for name in bound}
         for name, value in bound.items():
             setattr(algorithm, name, value)
         try:
             if direction:
                 out = algorithm.client_direction(dict(algorithm.backbone.named_parameters()), x, y)
-                return (*out, {name: getattr(algorithm, name) for name in (state or {})})
-            return algorithm.local_loss(x, y)
+                return (*out, replaced_tensors(type(algorithm).__name__, "client_direction", given, context.tensors))
+            loss = algorithm.local_loss(x, y)
+            changed = replaced_tensors(type(algorithm).__name__, "client_loss", given, context.tensors)
+            if changed:
+                raise ValueError(
+                    f"model {type(algorithm).__name__}: client_loss replaces "
+                    f"{', '.join(f'client.tensors[{k!r}]' for k in changed)}; a loss keeps no state (batched clients "
+                    "would drop it): replace it in client_direction (the step), or set unbatchable_reason")
+            return loss
         finally:
             for name, value in saved.items():
                 setattr(algorithm, name, value)
@@ -257,6 +267,24 @@ def refuse_stored_attributes(pl_module: Any, before: dict[str, Any]) -> None:
             f"model {type(pl_module).__name__}: client_loss stores {', '.join('self.' + k for k in stored)}; a loss "
             "keeps no state (batched clients would leak mapped tensors into it): keep per-client results in "
             "on_client_end, or set unbatchable_reason")
+
+
+def replaced_tensors(model: str, hook: str, given: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """The entries of a slice's ``client.tensors`` that ``hook`` replaced (``given``: as handed in, ``now``: after
+    the call; a dict entry is replaced when any of its tensors is). One added or removed is refused: every client's
+    tensors are stacked once, at its start."""
+    if now.keys() != given.keys():
+        added, removed = sorted(now.keys() - given.keys()), sorted(given.keys() - now.keys())
+        raise ValueError(f"model {model}: {hook} " + "; ".join(
+            [f"adds client.tensors[{k!r}]" for k in added] + [f"removes client.tensors[{k!r}]" for k in removed])
+            + ": a client's tensors are set in on_client_start (batched clients stack them there)")
+
+    def differs(old: Any, new: Any) -> bool:
+        if isinstance(old, dict) and isinstance(new, dict) and old.keys() == new.keys():
+            return any(old[k] is not new[k] for k in old)
+        return old is not new
+
+    return {name: value for name, value in now.items() if differs(given[name], value)}
 
 
 def run_compile_options(trainer: Any) -> Optional[dict[str, Any]]:

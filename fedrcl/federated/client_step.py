@@ -5,15 +5,15 @@ weights of ``S`` seeds x ``C`` clients lie on one leading axis ``[S * C, ...]``.
 algorithm's own one-client ``local_loss`` (written once, for one client) over that axis with two nested
 ``vmap``: the outer over seeds (what one seed's clients share: the weights the server sent them, which the
 server's client term reads, ``client.global_state``), the inner over a seed's clients (each client's weights,
-its ``client_tensors`` and its facts, as in ``fedrcl.federated.batched``, and its federation's values of the
+its ``client.tensors`` and its facts, as in ``fedrcl.federated.batched``, and its federation's values of the
 method's ``SWEEPABLE`` loss weights, so that a sweep's settings of ``mu`` train on one axis). The gradient of the summed losses
 gives each client its own (``torch.func.grad`` when compiled); each client's gradient is clipped to its own
 norm; the update is ``torch.optim.SGD``'s (weight decay, momentum without dampening, each client at its own
 lr), written out so that the whole step is one function of tensors: ``torch.compile(fullgraph=True)`` makes it
 one graph, with nothing that waits for the device inside it.
 
-A method whose step reads or changes per-client state (``step_state``: FedSMOO's duals) has each client's state
-stacked on the same axis, handed to its slice and returned as the step changed it.
+A method whose step replaces one of its client's tensors (``client_direction``: FedSMOO's duals) gets each
+client's replacement back from its slice, on the same axis, for the client's next step and its end.
 
 Clients that differ in step count or batch sizes take ``masked``: the step of a round under a step mask
 (``fedrcl.contract.step_mask``), where only some clients step, grouped by batch size; it runs eagerly (its
@@ -39,10 +39,10 @@ if TYPE_CHECKING:
     import fedrcl.algorithms.fedavg
 
 Tensors = dict[str, Tensor]
-State = dict[str, Any]  # a method's ``step_state`` by attribute: each a tensor or a dict of tensors, ``[S * C, ...]``
+ClientTensors = dict[str, Any]  # the clients' ``client.tensors`` by name: each a tensor or a dict of tensors, ``[S * C, ...]``
 
 
-def map_state(f: Callable[..., Tensor], state: State, *others: State) -> State:
+def map_tensors(f: Callable[..., Tensor], state: ClientTensors, *others: ClientTensors) -> ClientTensors:
     """``f`` applied to every tensor of ``state`` (and the same tensor of each of ``others``)."""
     return {name: {k: f(t, *(o[name][k] for o in others)) for k, t in value.items()} if isinstance(value, dict)
             else f(value, *(o[name] for o in others)) for name, value in state.items()}
@@ -87,19 +87,18 @@ def leaf_gradients(total: Tensor, leaves: Tensors) -> Tensors:
 @dataclasses.dataclass(frozen=True)
 class StepInputs:
     """One step's tensors: ``x``, ``y`` ``[S * C, B, ...]``; ``lr`` ``[S * C]`` (each client's federation's
-    schedule); ``client_tensors`` and ``facts`` ``[S * C, ...]``; ``global_state`` ``[S, ...]`` (each
-    federation's broadcast weights); ``weights`` ``[S * C]`` by name: each client's federation's value of each
-    of the method's ``SWEEPABLE`` loss weights, set on the algorithm for its slice's loss (as its
-    ``client_tensors`` are); ``state``: each client's ``step_state`` (``[S * C, ...]``)."""
+    schedule); ``tensors`` (each client's ``client.tensors``) and ``facts`` ``[S * C, ...]``; ``global_state``
+    ``[S, ...]`` (each federation's broadcast weights); ``weights`` ``[S * C]`` by name: each client's
+    federation's value of each of the method's ``SWEEPABLE`` loss weights, set on the algorithm for its slice's
+    loss."""
 
     x: Tensor
     y: Tensor
     lr: Tensor
-    client_tensors: Tensors
+    tensors: ClientTensors
     facts: Tensors
     global_state: Tensors
     weights: Tensors = dataclasses.field(default_factory=dict)
-    state: State = dataclasses.field(default_factory=dict)
 
 
 class ClientStep:
@@ -107,8 +106,8 @@ class ClientStep:
 
     Args:
         algorithm: one of the federations' client algorithms: its ``local_loss`` is the code mapped; what a
-            loss reads of it per seed or per client is replaced in each slice (``self.client``, the weights,
-            the ``client_tensors``).
+            loss reads of it per seed or per client is replaced in each slice (``self.client``, with its
+            ``tensors``, and the weights).
         seeds, clients: the shape of the client axis.
         low: the dtype the mapped forward runs in under mixed precision (as batched clients), or ``None``.
         compile: ``None``, or the ``torch.compile`` keyword arguments (``fullgraph=True`` is always set).
@@ -128,9 +127,9 @@ class ClientStep:
         self.step = torch.compile(step, fullgraph=True, dynamic=False, **compile) if compile is not None else step
 
     def __call__(self, params: Tensors, momenta: Tensors, inputs: StepInputs
-                 ) -> tuple[Tensors, Tensors, Tensor, Tensors, State]:
+                 ) -> tuple[Tensors, Tensors, Tensor, Tensors, ClientTensors]:
         """New weights and momenta, each client's loss ``[S * C]`` and loss parts (each ``[S * C]``), and the
-        clients' step state as the step left it. The first
+        clients' tensors as the step left them. The first
         compiled call compiles: its seconds are kept (``compile_seconds``) and told, a one-off host sync."""
         first = self.compiled and self.compile_seconds is None
         start = time.perf_counter()
@@ -141,87 +140,87 @@ class ClientStep:
             self.compile_seconds = time.perf_counter() - start
             rank_zero_info(f"trainer.compile_clients: the first stacked step (compiling) took "
                            f"{self.compile_seconds:.1f} s")
-        return cast(tuple[Tensors, Tensors, Tensor, Tensors, State], out)
+        return cast(tuple[Tensors, Tensors, Tensor, Tensors, ClientTensors], out)
 
     def _one_client(self, direction: bool) -> Callable[..., Any]:
         """One client's ``local_loss`` (or ``client_direction``) at its weights, tensors, loss weights, facts, batch
         and its federation's broadcast weights: the function the engines map."""
         module, low = self._module, self.low
 
-        def one_client(p: Tensors, tensors: Tensors, weights: Tensors, facts: Tensors, xb: Tensor, yb: Tensor,
-                       sent: Tensors, state: State) -> Any:
+        def one_client(p: Tensors, tensors: ClientTensors, weights: Tensors, facts: Tensors, xb: Tensor, yb: Tensor,
+                       sent: Tensors) -> Any:
             dtypes = {name.removeprefix("algorithm.backbone."): w.dtype for name, w in p.items()}
             if low is not None:
                 p, xb = {name: w.to(low) for name, w in p.items()}, xb.to(low)
                 weights = {name: w.to(low) for name, w in weights.items()}
-            tensors = {**tensors, **weights}  # both set on the algorithm for the call (``LocalLoss``)
             if not direction:
-                return functional_call(module, p, (tensors, facts, xb, yb, sent))
-            d, loss, parts, new = functional_call(module, p, (tensors, facts, xb, yb, sent),
-                                                  {"direction": True, "state": state})
+                return functional_call(module, p, (tensors, weights, facts, xb, yb, sent))
+            d, loss, parts, new = functional_call(module, p, (tensors, weights, facts, xb, yb, sent),
+                                                  {"direction": True})
             return ({name: g.to(dtypes[name]) for name, g in d.items()}, loss, parts,
-                    map_state(lambda t, old: t.to(old.dtype), new, state))
+                    map_tensors(lambda t, old: t.to(old.dtype), new, {name: tensors[name] for name in new}))
 
         return one_client
 
     def _mapped(self, params: Tensors, inputs: StepInputs, direction: bool = False) -> Any:
         """Every client's ``local_loss`` (losses ``[S, C]``, parts), or with ``direction`` its ``client_direction``
-        (directions ``[S, C, ...]`` in the weights' dtype, by the backbone's names; losses; parts; step state)."""
+        (directions ``[S, C, ...]`` in the weights' dtype, by the backbone's names; losses; parts; the clients'
+        tensors its step replaced)."""
         s, c = self.seeds, self.clients
         one_client = self._one_client(direction)
 
         def per_seed(*args: Any) -> Any:
-            return vmap(one_client, in_dims=(0, 0, 0, 0, 0, 0, None, 0))(*args)
+            return vmap(one_client, in_dims=(0, 0, 0, 0, 0, 0, None))(*args)
 
         split = lambda t: t.unflatten(0, (s, c))  # noqa: E731  [S * C, ...] -> [S, C, ...]
         prefixed = {f"algorithm.backbone.{name}": split(p) for name, p in params.items()}
         return vmap(per_seed, randomness="error")(
-            prefixed, {k: split(t) for k, t in inputs.client_tensors.items()},
-            {k: split(t) for k, t in inputs.weights.items()}, {k: split(t) for k, t in inputs.facts.items()},
-            split(inputs.x), split(inputs.y), inputs.global_state, map_state(split, inputs.state))
+            prefixed, map_tensors(split, inputs.tensors), {k: split(t) for k, t in inputs.weights.items()},
+            {k: split(t) for k, t in inputs.facts.items()}, split(inputs.x), split(inputs.y), inputs.global_state)
 
     def _losses(self, params: Tensors, inputs: StepInputs) -> tuple[Tensor, tuple[Tensor, Tensors]]:
         losses, parts = self._mapped(params, inputs)
         losses, parts = losses.flatten(), {k: v.flatten() for k, v in parts.items()}
         return losses.sum(), (losses.detach(), {k: v.detach() for k, v in parts.items()})
 
-    def _gradients(self, params: Tensors, inputs: StepInputs) -> tuple[Tensors, tuple[Tensor, Tensors], State]:
-        """Each client's step direction, the losses and the step state. A method with its own ``client_direction``:
-        that, mapped (the step state as it left it; otherwise unchanged).
+    def _gradients(self, params: Tensors, inputs: StepInputs) -> tuple[Tensors, tuple[Tensor, Tensors], ClientTensors]:
+        """Each client's step direction, the losses and the clients' tensors. A method with its own
+        ``client_direction``: that, mapped (the tensors as it left them; otherwise unchanged).
         Otherwise the gradient of the summed losses: ``torch.func.grad`` where the step is compiled (one graph;
         autograd would break it), autograd's backward in eager mode, which is about 1.2x faster there on the CPU
         (``ResNet18`` width 8, 5 clients x 50 images: 0.34 s against 0.41 s), into the weights' own layout
         (``leaf_gradients``)."""
         if changes_step(self.algorithm):
-            d, losses, parts, state = self._mapped(params, inputs, direction=True)
+            d, losses, parts, new = self._mapped(params, inputs, direction=True)
             flat = lambda t: t.flatten(0, 1)  # noqa: E731  [S, C, ...] -> [S * C, ...]
             return ({k.removeprefix("algorithm.backbone."): flat(g) for k, g in d.items()},
-                    (losses.flatten(), {k: v.flatten() for k, v in parts.items()}), map_state(flat, state))
+                    (losses.flatten(), {k: v.flatten() for k, v in parts.items()}),
+                    {**inputs.tensors, **map_tensors(flat, new)})
         if self.compiled:
             out: tuple[Tensors, tuple[Tensor, Tensors]] = grad(self._losses, has_aux=True)(params, inputs)
-            return (*out, inputs.state)
+            return (*out, inputs.tensors)
         with torch.enable_grad():
             leaves = {name: p.detach().requires_grad_() for name, p in params.items()}
             total, aux = self._losses(leaves, inputs)
-        return leaf_gradients(total, leaves), aux, inputs.state
+        return leaf_gradients(total, leaves), aux, inputs.tensors
 
     def _step(self, params: Tensors, momenta: Tensors, inputs: StepInputs
-              ) -> tuple[Tensors, Tensors, Tensor, Tensors, State]:
-        grads, (losses, parts), state = self._gradients(params, inputs)
+              ) -> tuple[Tensors, Tensors, Tensor, Tensors, ClientTensors]:
+        grads, (losses, parts), tensors = self._gradients(params, inputs)
         if self.max_norm is not None:
             grads = clipped(grads, self.max_norm)
         new_params, new_momenta = sgd_update(params, grads, momenta, inputs.lr, self.momentum, self.weight_decay)
-        return new_params, new_momenta, losses, parts, state
+        return new_params, new_momenta, losses, parts, tensors
 
     def masked(self, params: Tensors, momenta: Tensors, inputs: StepInputs, mask: RoundMask, step: int,
-               seed_of: Tensor) -> tuple[Tensors, Tensors, Tensor, Tensors, State, Tensor]:
+               seed_of: Tensor) -> tuple[Tensors, Tensors, Tensor, Tensors, ClientTensors, Tensor]:
         """Stacked step ``step`` of a round under a step mask (``fedrcl.contract.step_mask``), eager: ``inputs.x``
         and ``inputs.y`` are the stepping clients' batches concatenated group after group; each group's clients are
         mapped (one ``vmap`` over the group, each with its federation's broadcast weights: ``seed_of[n]``, the
         federation of client ``n``); the gradient reaches the stepping clients' slices alone; clip and SGD as
-        ``_step``; the clients that do not step keep their weights, momenta and step state exactly. Returns the new
-        weights and momenta, the stepping clients' losses and parts (group after group), the step state and the
-        stepping clients' positions."""
+        ``_step``; the clients that do not step keep their weights, momenta and tensors exactly. Returns the new
+        weights and momenta, the stepping clients' losses and parts (group after group), the clients' tensors and
+        the stepping clients' positions."""
         groups, indices = mask.groups[step], mask.index[step]
         chunks = split_groups(inputs.x, inputs.y, groups)
         own_step = changes_step(self.algorithm)
@@ -233,18 +232,18 @@ class ClientStep:
                 select = lambda tensors: {k: t.index_select(0, index) for k, t in tensors.items()}  # noqa: E731
                 sent = {k: g.index_select(0, seed_of.index_select(0, index)) for k, g in inputs.global_state.items()}
                 prefixed = {f"algorithm.backbone.{k}": w for k, w in select(weights).items()}
-                outs.append(mapped(prefixed, select(inputs.client_tensors), select(inputs.weights),
-                                   select(inputs.facts), xg, yg, sent,
-                                   map_state(lambda t: t.index_select(0, index), inputs.state)))
+                outs.append(mapped(prefixed, map_tensors(lambda t: t.index_select(0, index), inputs.tensors),
+                                   select(inputs.weights), select(inputs.facts), xg, yg, sent))
             return outs
 
-        state = inputs.state
+        tensors = inputs.tensors
         if own_step:
             outs = outputs(params)
             grads = scattered(params, indices, [{k.removeprefix("algorithm.backbone."): g for k, g in d.items()}
                                                 for d, _, _, _ in outs])
-            for index, (_, _, _, new) in zip(indices, outs):  # the stepping clients' state, the others' kept
-                state = map_state(lambda old, t: old.index_copy(0, index, t), state, new)
+            for index, (_, _, _, new) in zip(indices, outs):  # what the stepping clients replaced, the others' kept
+                mine = {name: tensors[name] for name in new}
+                tensors = {**tensors, **map_tensors(lambda old, t: old.index_copy(0, index, t), mine, new)}
             outs = [out[1:3] for out in outs]
         else:
             with torch.enable_grad():
@@ -260,4 +259,4 @@ class ClientStep:
         new_params = {name: keep(p, params[name], stepping) for name, p in new_params.items()}
         new_momenta = {name: keep(b, momenta[name], stepping) for name, b in new_momenta.items()}
         losses, parts = joined(outs)
-        return new_params, new_momenta, losses, parts, state, torch.cat(indices)
+        return new_params, new_momenta, losses, parts, tensors, torch.cat(indices)

@@ -6,7 +6,7 @@ rounds meet. Once every run still fitting has laid its round's clients on its ow
 rounds are joined on one axis, run after run (``StackedRound.from_laid``: ``runs x clients`` long), and each local
 step is taken once for all of them (``JoinedRound.step``), by the first run that steps, once every run that steps
 has handed in its batches; each run reads back its own clients' losses. A run whose clients take fewer steps than another's ends its clients after its
-own last step (masked in the steps after it, ``fedrcl.contract.step_mask``) and takes back their weights, step state
+own last step (masked in the steps after it, ``fedrcl.contract.step_mask``) and takes back their weights, tensors
 and losses (``JoinedRound.hand_back``); the joined round ends when every run has, and the next one joins once every
 run still fitting has laid its next round. Runs resumed at different rounds join all the same.
 
@@ -40,7 +40,7 @@ from torch.func import functional_call
 from fedrcl.algorithms.fedavg import changes_step
 from fedrcl.contract.step_mask import client_rows, masked_batch, split_groups
 from fedrcl.federated.batched import LocalLoss
-from fedrcl.federated.client_step import ClientStep, map_state
+from fedrcl.federated.client_step import ClientStep, map_tensors
 from fedrcl.federated.stacked import MIXED, StackedClients, StackedRound, stacked_step
 
 Rows = list[Optional[tuple[Tensor, Tensor]]]
@@ -289,7 +289,7 @@ class JoinedRound:
         return losses.index_select(0, rows), {k: v.index_select(0, rows) for k, v in parts.items()}
 
     def hand_back(self, stack: StackedClients) -> None:
-        """``stack``'s clients have taken their last step: their weights, step state and summed losses back onto
+        """``stack``'s clients have taken their last step: their weights, tensors and summed losses back onto
         its own axis (``StackedClients.finish_round`` then ends them); the joined round ends with the last run's
         hand-back."""
         lockstep, position = self.lockstep, self.laid.index(stack)
@@ -297,7 +297,7 @@ class JoinedRound:
         mine = slice(position * clients, (position + 1) * clients)
         with lockstep._cond:
             stack.params = {name: value[mine].clone() for name, value in self.round.params.items()}
-            stack.state = map_state(lambda value: value[mine].clone(), self.round.state)
+            stack.tensors = map_tensors(lambda value: value[mine].clone(), self.round.tensors)
             stack.loss_sums = self.round.loss_sums[mine].clone()
             stack.part_sums = {name: value[mine].clone() for name, value in self.round.part_sums.items()}
             self._back.add(position)
@@ -348,7 +348,7 @@ def _differing_direction(a: dict[str, Tensor], b: dict[str, Tensor]) -> Optional
 def check_runs(stacked: StackedRound, labels: list[str], x: Tensor, y: Tensor, low: Optional[torch.dtype]) -> None:
     """Before a joined round's first step (``x``, ``y``: its batches): the joined step runs every run's clients
     with the first run's algorithm object; each other run's last client's loss on its first batch (and, for a
-    method that changes the step, its step direction, from its own step state) must be the same computed by its
+    method that changes the step, its step direction, from its own tensors) must be the same computed by its
     own object (which holds what its clients received: a global teacher, a proximal anchor, its round), else
     ``NotTogether``."""
     members, clients = stacked.members, stacked.clients
@@ -361,17 +361,16 @@ def check_runs(stacked: StackedRound, labels: list[str], x: Tensor, y: Tensor, l
         if low is not None:
             params, xn = {k: p.to(low) for k, p in params.items()}, xn.to(low)
         weights = {k: w[n] if low is None else w[n].to(low) for k, w in stacked.weights.items()}
-        inputs = ({**{k: t[n] for k, t in stacked.client_tensors.items()}, **weights},
-                  {k: f[n] for k, f in stacked.facts.items()}, xn, yn,
+        inputs = (map_tensors(lambda t: t[n], stacked.tensors), weights, {k: f[n] for k, f in stacked.facts.items()},
+                  xn, yn,
                   {k: g[s] for k, g in stacked.global_state.items()})
         with torch.no_grad():
             mine = functional_call(LocalLoss(member.module), params, inputs)
             first = functional_call(LocalLoss(own_loss), params, inputs)
             differing = _differing_loss(mine, first)
             if differing is None and own_step:
-                state = {"direction": True, "state": map_state(lambda t: t[n], stacked.state)}
-                mine = functional_call(LocalLoss(member.module), params, inputs, state)
-                first = functional_call(LocalLoss(own_loss), params, inputs, state)
+                mine = functional_call(LocalLoss(member.module), params, inputs, {"direction": True})
+                first = functional_call(LocalLoss(own_loss), params, inputs, {"direction": True})
                 differing = _differing_direction(mine[0], first[0])
         if differing is not None:
             name, own, theirs = differing

@@ -3,23 +3,23 @@
 Batched clients (``fedrcl fit --trainer.client_batching on``: ``S = 1``, this process's clients) and seeds together
 (``fedrcl seeds --together``, ``fedrcl sweep --together``: ``S`` seeds or settings) are the same engine. A round's
 clients are started (``ClientRun.start``: the broadcast weights, the extras, ``on_client_start``) and laid on one
-axis ``[S * C, ...]``: their weights, SGD momenta, the tensors the method names in ``client_tensors``, their facts,
-each federation's broadcast weights and values of the method's ``SWEEPABLE`` loss weights, the per-client state its
-step reads or changes (``step_state``), and the client lr of every client at every step (``client_lr`` of its own
-local epoch). Each stacked step is ``ClientStep``'s (the
-method's one-client ``local_loss`` or ``client_direction`` mapped, per-client clip, SGD); clients that differ in
-step count or batch sizes step under a step mask (``fedrcl.contract.step_mask``), a finished client keeping its
-weights, momenta and step state exactly. ``finish`` hands each client's weights, step state and summed loss back to
-its run, in order.
+axis ``[S * C, ...]``: their weights, SGD momenta, what each start put in its ``client.tensors``, their facts, each
+federation's broadcast weights and values of the method's ``SWEEPABLE`` loss weights, and the client lr of every
+client at every step (``client_lr`` of its own local epoch). Each stacked step is ``ClientStep``'s (the method's
+one-client ``local_loss`` or ``client_direction`` mapped, per-client clip, SGD; what a step replaced in a client's
+tensors kept for its next); clients that differ in step count or batch sizes step under a step mask
+(``fedrcl.contract.step_mask``), a finished client keeping its weights, momenta and tensors exactly. ``finish``
+hands each client's weights, tensors and summed loss back to its run, in order.
 
 ``StackedClients`` runs the engine inside ``fedrcl fit``'s Lightning loop: one stacked step per Lightning step
 (each Lightning hook per step runs as for any step); Lightning's own optimizer step then has nothing to move, as
 its parameter group holds one empty tensor while the round's clients are stacked.
 
 What would silently differ from clients trained one after another is refused in the run's first stacked round,
-in one line, before any step: an attribute that ``on_client_start`` sets differently per client without naming it
-in ``client_tensors`` (every client would see the last client's), a loss that stores something on the algorithm,
-and a loss that cannot run mapped (e.g. branching on a client fact).
+in one line, before any step: an attribute that ``on_client_start`` sets differently per client instead of putting
+it in ``client.tensors`` (every client would see the last client's), clients whose tensors differ in names or
+shapes, a loss that stores something on the algorithm or replaces a client tensor, and a loss that cannot run mapped
+(e.g. branching on a client fact).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from fedrcl.contract.step_mask import RoundMask, client_epochs, uniform
 from fedrcl.data.datamodule import datamodule_of
 from fedrcl.federated.batched import CLIENT_FACTS, PER_CLIENT, client_view, refuse_per_client_attributes, \
     refuse_stored_attributes, run_compile_options, stack_clients
-from fedrcl.federated.client_step import ClientStep, State, StepInputs
+from fedrcl.federated.client_step import ClientStep, ClientTensors, StepInputs, map_tensors
 from fedrcl.federated.round import ClientResult, ClientRun
 
 # The dtype the stacked forward runs in under Lightning's mixed precision (autocast does not reach inside vmap;
@@ -50,6 +50,33 @@ def stacked_step(cache: dict[tuple[int, int, int], ClientStep], algorithm: Any, 
         cache[key] = ClientStep(algorithm, seeds, clients, MIXED.get(str(trainer.precision)),
                                 run_compile_options(trainer))
     return cache[key]
+
+
+def stacked_tensors(model: str, each: list[dict[str, Any]], join: Callable[[list[Tensor]], Tensor]) -> ClientTensors:
+    """The clients' ``client.tensors`` (``each``, one dict per client or per laid round) on one axis by ``join``
+    (``torch.stack`` or ``torch.cat``); names, kinds (a tensor or a dict of tensors) or shapes that differ between
+    clients are refused in one line: one stacked axis gives every client the same."""
+    first = each[0]
+
+    def refuse(why: str) -> ValueError:
+        return ValueError(f"model {model}: the clients' client.tensors differ ({why}); batched clients stack them, "
+                          "so every client's start puts the same names and shapes there, or set unbatchable_reason")
+
+    if any(t.keys() != first.keys() for t in each):
+        raise refuse(f"names {sorted(first)} against {sorted(next(t for t in each if t.keys() != first.keys()))}")
+    out: ClientTensors = {}
+    for name, value in first.items():
+        values = [t[name] for t in each]
+        try:
+            if isinstance(value, dict):
+                if any(not isinstance(v, dict) or v.keys() != value.keys() for v in values):
+                    raise refuse(f"{name!r} is not the same dict of tensors for every client")
+                out[name] = {k: join([v[k] for v in values]) for k in value}
+            else:
+                out[name] = join(values)
+        except (TypeError, RuntimeError) as error:
+            raise refuse(f"{name!r}: {str(error).splitlines()[0]}") from error
+    return out
 
 
 class Member(NamedTuple):
@@ -76,17 +103,10 @@ class StackedRound:
         self.members, self.runs, self.engine, self._check = list(members), runs, step, check
         self.clients = len(runs[0])
         first = self.members[0].module
-        names, stateful = tuple(first.client_tensors), tuple(first.step_state)
-        if laid is None:  # start every client and read what its start set
-            tensors, states = self._start(names, stateful, check)
-            self.client_tensors = {name: torch.stack(values) for name, values in tensors.items()}
-            self.state: State = {name: {k: torch.stack([v[k] for v in each]) for k in each[0]}
-                                 if isinstance(each[0], dict) else torch.stack(each) for name, each in states.items()}
+        if laid is None:  # start every client and stack what its start put in its tensors
+            self.tensors: ClientTensors = stacked_tensors(type(first).__name__, self._start(check), torch.stack)
         else:  # rounds whose clients were started and laid already, joined (``from_laid``)
-            self.client_tensors = {name: torch.cat([r.client_tensors[name] for r in laid]) for name in names}
-            self.state = {name: {k: torch.cat([r.state[name][k] for r in laid]) for k in value}
-                          if isinstance(value, dict) else torch.cat([r.state[name] for r in laid])
-                          for name, value in laid[0].state.items()}
+            self.tensors = stacked_tensors(type(first).__name__, [r.tensors for r in laid], torch.cat)
         sent = [clients[0].downlink.sent for clients in runs]
         self.device = next(iter(sent[0].values())).device
         self.params = {name: torch.cat([stack_clients(s[name].detach(), self.clients) for s in sent])
@@ -124,26 +144,20 @@ class StackedRound:
         federation after federation: the stacked engine of seeds together (``fedrcl.federated.lockstep``)."""
         return cls([r.members[0] for r in laid], [r.runs[0] for r in laid], step, check, laid)
 
-    def _start(self, names: tuple[str, ...], stateful: tuple[str, ...], check: bool
-               ) -> tuple[dict[str, list[Tensor]], dict[str, list[Any]]]:
-        """Start every client in order and read, after each start, the tensors its method names per client
-        (``client_tensors``) and its step state; in the run's first stacked round, refuse an attribute that a start
-        sets differently per client without naming it."""
-        tensors: dict[str, list[Tensor]] = {name: [] for name in names}
-        states: dict[str, list[Any]] = {name: [] for name in stateful}
+    def _start(self, check: bool) -> list[dict[str, Any]]:
+        """Start every client in order and return each one's ``client.tensors``; in the run's first stacked round,
+        refuse an attribute that a start sets differently per client."""
+        tensors = []
         for member, clients in zip(self.members, self.runs):
             views = []
             for client in clients:
                 client.start()
-                for name, values in tensors.items():
-                    values.append(getattr(member.module, name))
-                for name, each in states.items():
-                    each.append(getattr(member.module, name))
+                tensors.append(client.client.tensors)
                 if check:
-                    views.append(client_view(member.module, PER_CLIENT | set(names) | set(stateful)))
+                    views.append(client_view(member.module, PER_CLIENT))
             if check:
                 refuse_per_client_attributes(member.module, views)
-        return tensors, states
+        return tensors
 
     def step(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """Stacked step ``t``: every client's batch ``x[n]``, ``y[n]`` (under a step mask, the stepping clients'
@@ -155,19 +169,18 @@ class StackedRound:
             x, y = x.unflatten(0, (n, -1)), y.unflatten(0, (n, -1))
         if full and self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs are its inputs
-        inputs = StepInputs(x, y, self.lr[t], self.client_tensors, self.facts, self.global_state, self.weights,
-                            self.state)
+        inputs = StepInputs(x, y, self.lr[t], self.tensors, self.facts, self.global_state, self.weights)
         module = self.members[0].module
         before = dict(vars(module)) if self._check else None
         try:
             with torch.autocast(self.device.type, enabled=False):  # the forward's dtype is the engine's (``MIXED``)
                 if full:
-                    self.params, self.momenta, losses, parts, self.state = self.engine(self.params, self.momenta,
-                                                                                       inputs)
+                    self.params, self.momenta, losses, parts, self.tensors = self.engine(self.params, self.momenta,
+                                                                                         inputs)
                     positions: Optional[Tensor] = None
                 else:
                     assert mask is not None
-                    self.params, self.momenta, losses, parts, self.state, positions = self.engine.masked(
+                    self.params, self.momenta, losses, parts, self.tensors, positions = self.engine.masked(
                         self.params, self.momenta, inputs, mask, t, self.seed_of)
         except RuntimeError as error:
             if before is None or "vmap" not in str(error):
@@ -193,16 +206,16 @@ class StackedRound:
 
     @torch.no_grad()
     def finish(self, s: int, fold: Callable[[ClientRun, ClientResult], None]) -> None:
-        """Federation ``s``'s clients, in order: each one's weights into its backbone and its step state onto its
-        algorithm, its run ended with its own summed loss, and ``fold``-ed."""
+        """Federation ``s``'s clients, in order: each one's weights into its backbone and its slice of the tensors
+        into its ``client.tensors`` (as its last step left them), its run ended with its own summed loss, and
+        ``fold``-ed."""
         module = self.members[s].module
         own = dict(module.backbone.named_parameters())
         for i, client in enumerate(self.runs[s]):
             n = s * self.clients + i
             for name, stacked in self.params.items():
                 own[name].copy_(stacked[n])
-            for name, value in self.state.items():
-                setattr(module, name, {k: t[n] for k, t in value.items()} if isinstance(value, dict) else value[n])
+            client.client.tensors.update(map_tensors(lambda t: t[n], self.tensors))
             client.loss_sum = self.loss_sums[n]
             fold(client, client.end())
 
