@@ -116,7 +116,7 @@ def test_a_row_that_did_not_run_what_it_names_says_fell_back(data_root, tmp_path
     status, rows = check(["--config", str(REPO / "configs" / "quickstart.yaml"), "--config",
                           str(REPO / "configs" / "methods" / "moon.yaml"), "--model", "fedrcl.algorithms.MOON",
                           "--data.root", str(data_root), "--data.num_clients", "10", "--trainer.clients_per_round",
-                          "3", "--trainer.local_epochs", "1", "--data.local_iters_per_epoch", "3", "--rounds", "2",
+                          "3", "--trainer.local_epochs", "1", "--data.local_iters_per_epoch", "3", "--rounds", "1",
                           "--backends", "sequential", "batched", "together"], capsys)
     assert status == 0, rows
     assert rows["batched"][2].startswith("fell back (") and "its clients trained one after another" in rows["batched"][2]
