@@ -53,9 +53,9 @@ class FedDyn(PersistentClientState):
         client = self.client
         assert client is not None, "a client's run"
         ce = F.cross_entropy(out.logits, y)
-        names = [name for name, _ in self.backbone.named_parameters()]
-        dyn = dynamic_regularizer(list(self.backbone.parameters()), client.tensors["dual"],
-                                  [client.global_state[n] for n in names], _server_half(client).alpha)
+        anchors = [client.global_state[name] for name, _ in self.backbone.named_parameters()]  # the broadcast
+        dyn = dynamic_regularizer(list(self.backbone.parameters()), client.tensors["dual"], anchors,
+                                  _server_half(client).alpha)
         return ce + dyn, {"ce": ce, "dyn": dyn}
 
     @torch.no_grad()

@@ -22,8 +22,9 @@ the mean *clipped* gradient. Momentum would mix steps; fedrcl's paper settings u
 
 Bytes: the upload is the weights plus ``delta c_i`` (``extra_upload``), the download the weights plus ``c``
 (the server's ``extra_broadcast``): twice FedAvg's traffic each way, counted in ``comm/``.
-Execution: batched clients stack ``c - c_i`` and ``sum_k eta_k`` (``client.tensors``); several processes sum the
-clients' ``delta c_i`` at the server step (``fedrcl.server.client_reports``).
+Execution: batched clients stack ``c - c_i`` (``client.tensors``); ``sum_k eta_k`` is each client's own, from its
+context at its end; several processes sum the clients' ``delta c_i`` at the server step
+(``fedrcl.server.client_reports``).
 """
 from __future__ import annotations
 
@@ -69,12 +70,14 @@ class SCAFFOLD(PersistentClientState):
         own = self.load_client_state(client.client_id)
         client.tensors["correction"] = torch.cat([(control[n] if own is None else control[n] - own[n]).reshape(-1)
                                                   for n in names])
-        lr_sum = 0.0
-        for epoch in client.step_epochs():  # the lr of each step, summed in step order, as SGD applied them
-            lr_sum += float(self.client_lr(client.round_idx, epoch))
-        # per client (clients may take different step counts), read back at its end
-        device = client.tensors["correction"].device
-        client.tensors["lr_sum"] = torch.tensor(lr_sum, dtype=torch.float64, device=device)
+
+    def lr_sum(self, client: ClientContext) -> float:
+        """``sum_k eta_k``: the lr of each of the client's steps this round, summed in step order, as SGD applied
+        them (its own steps: clients may take different counts)."""
+        total = 0.0
+        for epoch in client.step_epochs():
+            total += float(self.client_lr(client.round_idx, epoch))
+        return total
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         assert self.client is not None, "a client's run"
@@ -85,7 +88,7 @@ class SCAFFOLD(PersistentClientState):
     def on_client_end(self, client: ClientContext) -> None:
         params = dict(self.backbone.named_parameters())
         control = _server_half(client).control(params)
-        lr_sum = float(client.tensors["lr_sum"])
+        lr_sum = self.lr_sum(client)
         delta = {n: control_variate_delta(client.global_state[n], p, lr_sum, control[n])
                  for n, p in params.items()}
         own = self.load_client_state(client.client_id)

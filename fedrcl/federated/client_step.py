@@ -39,13 +39,14 @@ if TYPE_CHECKING:
     import fedrcl.algorithms.fedavg
 
 Tensors = dict[str, Tensor]
-ClientTensors = dict[str, Any]  # the clients' ``client.tensors`` by name: each a tensor or a dict of tensors, ``[S * C, ...]``
+# The clients' ``client.tensors`` by name: each a tensor or a dict of tensors, ``[S * C, ...]``
+ClientTensors = dict[str, Any]
 
 
-def map_tensors(f: Callable[..., Tensor], state: ClientTensors, *others: ClientTensors) -> ClientTensors:
-    """``f`` applied to every tensor of ``state`` (and the same tensor of each of ``others``)."""
+def map_tensors(f: Callable[..., Tensor], tensors: ClientTensors, *others: ClientTensors) -> ClientTensors:
+    """``f`` applied to every tensor of ``tensors`` (and the same tensor of each of ``others``)."""
     return {name: {k: f(t, *(o[name][k] for o in others)) for k, t in value.items()} if isinstance(value, dict)
-            else f(value, *(o[name] for o in others)) for name, value in state.items()}
+            else f(value, *(o[name] for o in others)) for name, value in tensors.items()}
 
 
 def sgd_update(params: Tensors, grads: Tensors, momenta: Tensors, lr: Tensor, momentum: float,
