@@ -13,7 +13,7 @@
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -106,7 +106,7 @@ class MyMethodWithCounts(MyMethod):
         assert client.data is not None, "the round hands a training client its own data"
         return {"class_counts": torch.bincount(client.data.labels, minlength=client.data.num_classes)}
 
-    def receive_upload(self, client: ClientContext, upload: dict[str, Tensor]) -> None:
+    def receive_upload(self, client: ClientContext, upload: Mapping[str, Tensor]) -> None:
         """On the server, in the round's sampled order: the receiving end of ``extra_upload``."""
         counts = upload["class_counts"]
         self.labels_trained = counts if self.labels_trained is None else self.labels_trained + counts
@@ -161,6 +161,6 @@ class ServerLR(ServerOptimizer):
             raise ValueError(f"trainer.server.init_args.eta must be > 0, got {eta}")
         self.eta = eta
 
-    def step(self, global_state: State, sent: State, client_mean: State) -> State:
+    def step(self, global_state: State, sent: Mapping[str, Tensor], client_mean: Mapping[str, Tensor]) -> State:
         delta = round_update(sent, client_mean)  # floating-point entries only
         return {k: v + self.eta * delta[k] if k in delta else v for k, v in global_state.items()}
