@@ -1,5 +1,6 @@
 """The package type-checks: ``python -m mypy`` with the project's configuration (pyproject.toml's
-``[tool.mypy]``: the whole package, strict for the extension API and the round) exits 0.
+``[tool.mypy]``: the whole package, strict for the extension API and the round, and the tutorial's
+``docs/tutorial/my_method.py``, the worked example of that API) exits 0.
 
 A fresh clone checks from scratch (about a minute on two cores, most of it reading torch's and Lightning's
 types); later runs reuse ``.mypy_cache`` and take seconds.
