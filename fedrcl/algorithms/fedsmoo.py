@@ -66,8 +66,8 @@ class FedSMOO(PersistentClientState):
         self._upload: dict[str, Tensor] = {}
 
     def on_client_start(self, client: ClientContext) -> None:
-        """The client's tensors: read by its steps (``weight_dual``, lam_i; ``global_perturbation``, s), replaced at every step
-        (``perturbation_dual``, mu_i; ``last_perturbation``, the last s_hat), each by parameter name."""
+        """The client's tensors: read by its steps (``weight_dual``, lam_i; ``global_perturbation``, s), replaced
+        at every step (``perturbation_dual``, mu_i; ``last_perturbation``, the last s_hat), each by parameter name."""
         super().on_client_start(client)
         params = dict(self.backbone.named_parameters())
         own = self.load_client_state(client.client_id)

@@ -74,10 +74,7 @@ class SCAFFOLD(PersistentClientState):
     def lr_sum(self, client: ClientContext) -> float:
         """``sum_k eta_k``: the lr of each of the client's steps this round, summed in step order, as SGD applied
         them (its own steps: clients may take different counts)."""
-        total = 0.0
-        for epoch in client.step_epochs():
-            total += float(self.client_lr(client.round_idx, epoch))
-        return total
+        return sum(float(self.client_lr(client.round_idx, epoch)) for epoch in client.step_epochs())
 
     def client_loss(self, x: Tensor, y: Tensor, out: ModelOutput) -> tuple[Tensor, dict[str, Tensor]]:
         assert self.client is not None, "a client's run"
