@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import os
 import re
@@ -377,6 +378,32 @@ def test_a_key_added_since_at_its_default_does_not_make_another_experiment():
     runs = collect_runs(REPO / "docs" / "baseline_runs" / "cifar10_a01_cnn_fednova")
     assert "val_fraction" not in runs[0].config["data"] and "val_fraction" in runs[1].config["data"]
     assert len(runs) >= 2 and len(seed_groups(runs)) == 1
+
+
+def test_the_added_keys_are_at_the_defaults_of_the_arguments_they_name():
+    """``ADDED_KEYS``' data keys are FederatedDataModule's arguments at their defaults and ``trainer.privacy``
+    FederatedTrainer's: a key added later with another default would train otherwise than a config without it."""
+    from fedrcl.analysis.settings import ADDED_KEYS
+    from fedrcl.data.datamodule import FederatedDataModule
+    from fedrcl.federated.trainer import FederatedTrainer
+    owners = {"data": inspect.signature(FederatedDataModule.__init__).parameters,
+              "trainer": inspect.signature(FederatedTrainer.__init__).parameters}
+    for key, value in ADDED_KEYS.items():
+        section, _, name = key.partition(".")
+        if section in owners and name != "barebones":  # barebones: Lightning's, refused by fedrcl when true
+            assert owners[section][name].default == value, key
+
+
+def test_the_baselines_pair_with_the_fedavg_runs_saved_before_their_keys_existed():
+    """docs/seed_runs' FedAvg was saved before the data keys of own data and feature skew and ``trainer.privacy``
+    existed and with ``optimizer: null``; FedSAM's runs of docs/baseline_runs after: the same experiment but for
+    the method, so ``fedrcl report`` pairs them by seed."""
+    fedavg = collect_runs(REPO / "docs" / "seed_runs" / "cifar10_a01_cnn_fedavg")
+    fedsam = collect_runs(REPO / "docs" / "baseline_runs" / "cifar10_a01_cnn_fedsam")
+    assert "optimizer" in fedavg[0].config and "feature_skew" in fedsam[0].config["data"]
+    ((reference, challenger),) = comparisons(seed_groups(fedavg + fedsam))
+    assert reference[0].setting["method"] == "FedAvg" and challenger[0].setting["method"] == "FedSAM"
+    assert len(pair_by_seed(reference, challenger)) >= 2
 
 
 def test_the_committed_width8_runs_of_three_seeds_are_one_seed_group_per_method():

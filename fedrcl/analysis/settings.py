@@ -37,8 +37,16 @@ ROUND_LOOP_VALUES = {"max_epochs": None, "min_epochs": None, "max_steps": -1, "c
                      "gradient_clip_val": None, "gradient_clip_algorithm": None}
 
 # Config keys added after runs were committed, each with the default that trains as before it existed: at that
-# value it says nothing about what was trained (a config written before it leaves it out).
-ADDED_KEYS = {"data.val_fraction": 0.0}
+# value it says nothing about what was trained (a config written before it leaves it out). The data keys are
+# FederatedDataModule's arguments at their defaults, ``trainer.privacy`` FederatedTrainer's (a test keeps them in
+# step); ``optimizer``, ``lr_scheduler`` (LightningCLI's slots) and ``trainer.barebones``, which older fedrcl
+# wrote at these values and newer leaves out, go the same way.
+ADDED_KEYS = {
+    "data.val_fraction": 0.0, "data.image_size": None, "data.hflip": None, "data.test_fraction": 0.2,
+    "data.feature_skew": None, "data.feature_skew_severity": 3, "data.domain_split": "one", "data.domain_alpha": 1.0,
+    "data.image_column": "image", "data.label_column": "label", "data.client_column": None,
+    "data.domain_column": None, "data.partitioner": None, "trainer.privacy": None,
+    "optimizer": None, "lr_scheduler": None, "trainer.barebones": False}
 
 
 def class_name(spec: Any) -> Optional[str]:
