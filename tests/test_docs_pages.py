@@ -76,11 +76,13 @@ def test_install_pages_give_the_cpu_only_line_and_the_notebooks_extra():
     started = (DOCS / "getting-started.md").read_text(encoding="utf-8")
     assert started.index(cpu) < started.index('pip install -e ".[dev]"', started.index(cpu))
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert {"jupyterlab>=4", "nbconvert>=7"} <= set(extras["notebooks"])
+    assert {"jupyterlab>=4", "fedrcl[notebooks-headless]"} <= set(extras["notebooks"])
+    assert "nbconvert>=7" in extras["notebooks-headless"]
     own = next(e for e in extras["dev"] if e.startswith("fedrcl["))  # dev installs the package's other extras
-    assert {"docs", "flower", "notebooks"} <= set(own.removeprefix("fedrcl[").removesuffix("]").split(","))
+    assert {"docs", "flower", "notebooks-headless"} <= set(own.removeprefix("fedrcl[").removesuffix("]").split(","))
     analysis = (DOCS / "analysis.md").read_text(encoding="utf-8")
     assert "jupyter lab notebooks/" in analysis and "jupyter nbconvert --to notebook --execute" in analysis
+    assert '.[dev,notebooks]' in analysis  # JupyterLab is not in dev (pyproject.toml says why)
 
 
 def test_docs_point_inside_the_repository():
