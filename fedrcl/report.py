@@ -87,7 +87,7 @@ from fedrcl.analysis.paper_table import columns_of as _columns
 from fedrcl.analysis.paper_table import paper_cells as _cells
 from fedrcl.analysis.paper_table import protocol, selected_table, settings_table
 from fedrcl.analysis.paper_table import setting_matches as _matches
-from fedrcl.analysis.selection import select_on_validation
+from fedrcl.analysis.selection import method_label, select_on_validation
 from fedrcl.analysis.tables import render_csv, render_latex, render_markdown
 from fedrcl.analysis.runs import Curve
 from fedrcl.analysis.seed_stats import align, paired_differences, summarize_seeds, value_at
@@ -241,8 +241,9 @@ def render_paired(runs: Sequence[RunResult], rounds: Sequence[int] = (), root: O
     EMA accuracy at each of ``comparison_rounds`` and the rounds run), the paired differences per seed and
     over seeds (``PAIRED_TAGS``), and per seed where the challenger's EMA passes the reference's for good."""
     out = ["## Paired by seed", "",
-           "Seed groups that differ only in the method (the same data, split, clients, rounds schedule and "
-           "network) are compared with the FedAvg group among them (else the first), run by run under the same "
+           "Seed groups that differ only in the method, its server half included (the same data, split, clients, "
+           "rounds schedule and network) are compared with the FedAvg group among them (FedAvg's server; else the "
+           "first), run by run under the same "
            "seeds (init, sampling and split: the same split, client sampling and batches). Per run, test "
            "accuracy raw / EMA (%) at the rounds asked for (`--rounds`; default: the last round all paired runs "
            "logged), \"-\" where not logged; then the challenger minus the reference in points, per seed "
@@ -254,7 +255,7 @@ def render_paired(runs: Sequence[RunResult], rounds: Sequence[int] = (), root: O
         return out + ["No seed groups that differ only in the method.", ""]
     mixed = len(_backends(runs)) > 1
     for reference, challenger in compared:
-        ref_name, ch_name = reference[0].setting["method"], challenger[0].setting["method"]
+        ref_name, ch_name = method_label(reference[0].setting), method_label(challenger[0].setting)
         ref_where, ch_where = _group_where(reference, root, mixed), _group_where(challenger, root, mixed)
         if ref_name == ch_name:  # the same method under other arguments: the folders tell them apart
             ref_name, ch_name = ref_where, ch_where

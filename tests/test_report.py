@@ -19,6 +19,7 @@ from fedrcl.analysis.runs import load_scalars
 from fedrcl.cli import main
 from fedrcl.analysis.catalogue import RunResult, collect_runs, unread_versions
 from fedrcl.analysis.grouping import comparison_rounds, comparisons, pair_by_seed, paired_crossings, seed_groups
+from fedrcl.analysis.selection import method_label
 from fedrcl.analysis.settings import experiment_key, method_key, run_setting
 from fedrcl.report import _cells, load_paper_results, render_report
 
@@ -683,3 +684,23 @@ def test_report_out_problems_are_one_line_before_anything_is_printed(fake_runs, 
                 "a folder": f"{out} is a folder; give a file name"}[case]
     assert captured.err == f"fedrcl report: error: --out {expected}\n"
     assert (tmp_path / "notes.txt").read_text() == "kept" and not list(out.parent.glob("report.md"))
+
+
+def test_methods_with_a_server_half_of_their_own_are_compared_with_plain_fedavg():
+    """FedNova's normalised averaging, FedAvg under FedAdam's server: challengers of the FedAvg group with
+    FedAvg's server, named by ``method_label``; the server is set aside by ``method_key`` only."""
+    def with_server(method: str, server: Optional[str], seed: int) -> RunResult:
+        run = toy_run(method, seed)
+        if server is not None:
+            run.config["trainer"]["server"] = {"class_path": f"fedrcl.server.{server}", "init_args": {}}
+        return RunResult(run.path.parent.with_name(f"{method}_{server}") / run.path.name, run.versions,
+                         run_setting(run.config), config=run.config, curves=run.curves)
+
+    runs = [with_server(method, server, seed) for method, server in
+            (("FedAvg", "FedAdam"), ("FedNova", "FedNova"), ("FedAvg", None)) for seed in (0, 1)]
+    fedadam, fednova, fedavg = runs[0].config, runs[2].config, runs[4].config
+    assert method_key(fedadam) == method_key(fednova) == method_key(fedavg)
+    assert len({experiment_key(fedadam), experiment_key(fednova), experiment_key(fedavg)}) == 3
+    compared = comparisons(seed_groups(runs))
+    assert [(method_label(ref[0].setting), method_label(ch[0].setting)) for ref, ch in compared] == [
+        ("FedAvg", "FedAdam + FedAvg"), ("FedAvg", "FedNova")]

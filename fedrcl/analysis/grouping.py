@@ -55,17 +55,19 @@ def seed_groups(runs: Sequence[RunResult]) -> list[list[RunResult]]:
 
 
 def comparisons(groups: Sequence[Sequence[RunResult]]) -> list[tuple[Sequence[RunResult], Sequence[RunResult]]]:
-    """``(reference, challenger)`` seed groups of ``seed_groups`` that differ only in the method (the same
-    ``method_key`` and backend): in each such family the reference is its FedAvg group (the paper's baseline; the first
-    one when several), else its first group, and every other group is a challenger, in the order of
-    ``groups``. A run without a saved config is in no family."""
+    """``(reference, challenger)`` seed groups of ``seed_groups`` that differ only in the method, its server half
+    included (the same ``method_key`` and backend): in each such family the reference is its FedAvg group with
+    FedAvg's server (the paper's baseline; the first one when several), else its first FedAvg group, else its
+    first group, and every other group is a challenger, in the order of ``groups``. A run without a saved config
+    is in no family."""
     families: dict[tuple[str, str], list[Sequence[RunResult]]] = {}
     for group in groups:
         if group[0].config:
             families.setdefault((method_key(group[0].config), group[0].backend), []).append(group)
     compared = []
     for family in families.values():
-        reference = next((g for g in family if g[0].setting["method"] == "FedAvg"), family[0])
+        fedavg = [g for g in family if g[0].setting["method"] == "FedAvg"]
+        reference = next((g for g in fedavg if g[0].setting["server"] == "FedAvg"), (fedavg or family)[0])
         compared += [(reference, group) for group in family if group is not reference]
     return compared
 

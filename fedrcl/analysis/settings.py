@@ -132,7 +132,12 @@ def experiment_key(config: dict[str, Any]) -> str:
 
 
 def method_key(config: dict[str, Any]) -> str:
-    """``experiment_key`` with everything under ``model`` set aside but its backbone: what runs of two methods
-    compared on equal terms share (data, split, clients, rounds schedule, network)."""
-    model = config.get("model")
-    return experiment_key({**config, "model": {"backbone": init_args(model).get("backbone")}})
+    """``experiment_key`` with the method set aside, everything under ``model`` but its backbone and the server
+    half (``trainer.server``: FedAvgM, FedAdam, FedNova's or SCAFFOLD's aggregation are methods in the paper's
+    tables too): what runs of two methods compared on equal terms share (data, split, clients, rounds schedule,
+    network)."""
+    model, trainer = config.get("model"), config.get("trainer")
+    kept = {**config, "model": {"backbone": init_args(model).get("backbone")}}
+    if isinstance(trainer, dict):
+        kept["trainer"] = {key: value for key, value in trainer.items() if key != "server"}
+    return experiment_key(kept)
