@@ -25,8 +25,8 @@ and its decays (``StepInputs.lr`` is each run's own schedule) and the loss weigh
 one cohort per value of those keys, one after another, said in one line naming the keys. Without
 ``--together`` every run is its own ``fedrcl fit``, one after another in this process. SIGTERM and Ctrl-C
 finish the round, checkpoint the runs in progress and start no other (exit status 128 + the signal, with the
-resume command); ``--ckpt_path last`` resumes each run from its own newest checkpoint and starts the runs that
-have none.
+resume command); ``--ckpt_path last`` resumes each run from its own newest checkpoint, starts the runs that
+have none and leaves out the runs whose logs reach the last round (done, their checkpoints kept or not).
 """
 from __future__ import annotations
 
@@ -201,16 +201,26 @@ def check_settings(runs: dict[tuple[str, int], list[str]], settings: list[Settin
             logging.disable(logging.NOTSET)
 
 
-def resumable(runs: dict[tuple[str, int], list[str]], labels: dict[tuple[str, int], str], where: Path
-              ) -> dict[tuple[str, int], list[str]]:
-    """With ``--ckpt_path last``: a run whose folder holds no checkpoint starts anew (said), as ``fedrcl seeds
-    --together`` starts it, also where the runs train one after another (``fedrcl fit`` would refuse)."""
+def resumable(runs: dict[tuple[str, int], list[str]], labels: dict[tuple[str, int], str], where: Path,
+              rounds: int) -> dict[tuple[str, int], list[str]]:
+    """With ``--ckpt_path last``: a run whose folder already logged round ``rounds`` (every run's budget) is done
+    and left out (said), checkpoint or not, so a finished run kept without its checkpoints (its event files
+    committed, say) is not trained again; a run whose folder holds no checkpoint starts anew (said), as
+    ``fedrcl seeds --together`` starts it, also where the runs train one after another (``fedrcl fit`` would
+    refuse)."""
+    from fedrcl.analysis.catalogue import collect_runs
     from fedrcl.cli import split_ckpt_path
 
     out = {}
     for key, args in runs.items():
         rest, ckpt_path = split_ckpt_path(args)
         folder = where / key[0] / f"seed{key[1]}"
+        if ckpt_path == "last" and rounds and folder.is_dir():
+            logged = max((run.rounds_logged for run in collect_runs(folder)), default=0)
+            if logged >= rounds:
+                print(f"fedrcl sweep: {labels[key]}: done (round {logged} logged in {folder}); left out",
+                      flush=True)
+                continue
         if ckpt_path == "last" and not any(folder.glob("version_*/checkpoints/*.ckpt")):
             print(f"fedrcl sweep: {labels[key]}: no checkpoint in {folder}; it starts at round 1", flush=True)
             args = rest
@@ -228,6 +238,8 @@ def run_sweep(groups: list[list[Setting]], runs: dict[tuple[str, int], list[str]
     for group in groups:
         names = {s.name for s in group}
         mine = {key: args for key, args in runs.items() if key[0] in names}
+        if not mine:  # every run of the group done (--ckpt_path last)
+            continue
         if outcome.signum is None and stop.signum is not None:  # came between two groups
             outcome.signum = stop.signum
         if outcome.signum is not None:  # a fit in this process may have taken the signal itself (Preempted)
@@ -311,7 +323,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             print(f"fedrcl sweep: --together: {', '.join(fixed)} cannot differ between runs of one stacked step "
                   "(only the client lr, its decays and the method's sweepable loss weights can): the settings of "
                   f"each of its {len(groups)} values train together, one value after another", flush=True)
-    runs = resumable(runs, labels, where)
+    runs = resumable(runs, labels, where, per_run)
     from fedrcl.federated.preemption import StopSignal
 
     with StopSignal() as stop:

@@ -307,3 +307,25 @@ def test_fedlc_tau_grid_together_equals_its_own_fit(data_root, tmp_path, capsys)
         weights[tau] = last(tmp_path / "together", f"tau={tau}/seed0")["state_dict"]
         assert relative_difference(weights[tau], alone["state_dict"]) <= 1e-9, tau
     assert relative_difference(weights["0"], weights["1"]) > 1e-4
+
+
+def test_resume_leaves_out_runs_whose_logs_reach_the_budget(data_root, tmp_path, capsys):
+    """``--ckpt_path last``: a run that logged its last round is done, with its checkpoints or without them
+    (finished runs are kept as event files only), and is not trained again; with a larger ``--rounds`` the run
+    with a checkpoint goes on from it and the one without starts anew, both said."""
+    import shutil
+
+    grid = ["--grid", "model.lr=0.05,0.1", "--seeds", "0"]
+    common = args(data_root, tmp_path)
+    sweep.main([*grid, "--rounds", "2", *common])
+    shutil.rmtree(tmp_path / "quickstart" / "lr=0.05" / "seed0" / "version_0" / "checkpoints")
+    capsys.readouterr()
+    sweep.main([*grid, "--rounds", "2", *common, "--ckpt_path", "last"])
+    said = capsys.readouterr().out
+    for setting in ("lr=0.05", "lr=0.1"):
+        assert f"fedrcl sweep: {setting} seed 0: done (round 2 logged in " in said
+        assert not (tmp_path / "quickstart" / setting / "seed0" / "version_1").exists()
+    sweep.main([*grid, "--rounds", "3", *common, "--ckpt_path", "last"])
+    said = capsys.readouterr().out
+    assert "lr=0.05 seed 0: no checkpoint in" in said and "done (" not in said
+    assert last(tmp_path, "lr=0.1/seed0", version=1)["epoch"] == last(tmp_path, "lr=0.05/seed0", version=1)["epoch"] == 2
