@@ -6,8 +6,8 @@ Subcommands (``python3 bench/gpu_lease_run.py <name>``):
       [--check SCRATCH]       CIFAR-10 JPEG mosaics, the last lease's checkpoint parts, its compile cache if
                               room is left), each call's payload measured against the carry limit; --check:
                               every carried checkpoint must resume its seed here (built on the CPU)
-    stash                     on the device: copy the carried checkpoint parts into the work folder, nothing else
-    lease                     on the device: stash, decode the mosaics, probe (or reuse the last decision), train
+    stash                     on the device: copy the carried parts (checkpoints, mosaics) into the work folder
+    lease                     on the device: stash, join (if in parts) and decode the mosaics, probe (or reuse the last decision), train
                               seeds 0, 1, 2 of FedAvg and of FedRCL (one ``fedrcl seeds --together`` process
                               per method, side by side) until the deadline, then collect
     collect                   on the device: put the next files of the outbox into $OUT, within its limits
@@ -122,6 +122,27 @@ def decode_mosaics(folder: Path, npz: Path) -> int:
         np.savez(f, **arrays)
     os.replace(tmp, npz)
     return len(arrays["y_train"])
+
+
+def join_mosaics(lease: Lease) -> Path | None:
+    """The mosaics a prepare cut into parts (its ``mosaics.json``, carried with ``.lease``), joined from the
+    stashed parts into the work folder and checked against their sha256; ``None`` when none were cut."""
+    manifest = next((p / "mosaics.json" for p in lease.carried() if (p / "mosaics.json").is_file()), None)
+    if manifest is None:
+        return None
+    folder = lease.work / "cifar10_jpeg"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, entry in json.loads(manifest.read_text()).items():
+        parts = [lease.work / "resume" / part for part in entry["parts"]]
+        missing = [p.name for p in parts if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"mosaic parts {', '.join(missing)} were not stashed: make the --stash calls "
+                                    "that --prepare printed first")
+        payload = b"".join(p.read_bytes() for p in parts)
+        if hashlib.sha256(payload).hexdigest() != entry["sha256"]:
+            raise ValueError(f"{name}: the stashed parts do not join to its sha256")
+        (folder / name).write_bytes(payload)
+    return folder
 
 
 # -- the runs ---------------------------------------------------------------------------------------------------
@@ -528,6 +549,7 @@ def lease_steps(lease: Lease) -> int:
     npz = lease.work / "data" / "cifar10.npz"
     if not npz.exists():
         jpeg = next((p / "cifar10_jpeg" for p in lease.carried() if (p / "cifar10_jpeg").is_dir()), None)
+        jpeg = jpeg or join_mosaics(lease)
         if jpeg is None:
             raise FileNotFoundError(f"no cifar10_jpeg/ in the carried folders {lease.carry}*: run "
                                     "bash bench/gpu_lease.sh --prepare here and name the folder in carry")
@@ -651,10 +673,37 @@ def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], 
     (main / "resume").mkdir(parents=True)
     if wheels is not None:
         shutil.copytree(wheels, main / "wheels")
-    shutil.copytree(data, main / "cifar10_jpeg", copy_function=shutil.copyfile)  # writable copies
-    (main / "cifar10_jpeg").chmod(0o755)
     tree = travelling_tree_bytes()
     folders, room = [main], limit - tree - folder_bytes(main) - MiB  # a MiB kept for summary.json
+
+    def fill(name: str, payload: bytes) -> list[str]:
+        """``payload`` cut into the parts ``name.partNN`` that fill the carried folders' ``resume/`` in turn."""
+        nonlocal room
+        parts, offset = [], 0
+        while offset < len(payload):
+            if room <= 0:
+                folders.append(base.with_name(f"{base.name}{len(folders) + 1}"))
+                (folders[-1] / "resume").mkdir(parents=True)
+                room = limit - tree
+            piece = payload[offset:offset + room]
+            parts.append(f"{name}.part{len(parts):02d}")
+            (folders[-1] / "resume" / parts[-1]).write_bytes(piece)
+            offset, room = offset + len(piece), room - len(piece)
+        return parts
+
+    if folder_bytes(data) <= room:
+        shutil.copytree(data, main / "cifar10_jpeg", copy_function=shutil.copyfile)  # writable copies
+        (main / "cifar10_jpeg").chmod(0o755)
+        room -= folder_bytes(data)
+    else:  # in parts, first into room left beside the wheels, the rest stashed by calls of their own
+        mosaics = {}
+        for path in sorted(p for p in data.iterdir() if p.is_file()):
+            payload = path.read_bytes()
+            mosaics[path.name] = {"sha256": hashlib.sha256(payload).hexdigest(),
+                                  "parts": fill(f"cifar10_jpeg.{path.name}", payload)}
+        write_json(main / "mosaics.json", mosaics)  # within the MiB kept
+        print(f"mosaics in {sum(len(m['parts']) for m in mosaics.values())} parts: they do not fit beside the "
+              f"tree ({tree / MiB:.1f} MiB)")
     if sources:
         found = {p.name: p for source in sources for p in source.iterdir() if p.is_file()}
         if "summary.json" not in found:
@@ -694,16 +743,7 @@ def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], 
                 path = check / "runs" / name / f"version_{entry['version']}" / "checkpoints" / "last.ckpt"
                 path.parent.mkdir(parents=True)
                 path.write_bytes(data)
-            entry["parts"], offset = [], 0
-            while offset < len(data):
-                if room <= 0:
-                    folders.append(base.with_name(f"{base.name}{len(folders) + 1}"))
-                    (folders[-1] / "resume").mkdir(parents=True)
-                    room = limit - tree
-                piece = data[offset:offset + room]
-                entry["parts"].append(f"{entry['file']}.part{len(entry['parts']):02d}")
-                (folders[-1] / "resume" / entry["parts"][-1]).write_bytes(piece)
-                offset, room = offset + len(piece), room - len(piece)
+            entry["parts"] = fill(entry["file"], data)
         write_json(main / "resume" / "summary.json", summary)  # with the parts as carried
         if check is not None:
             problems = check_resume(lease, summary, data_dir, check)

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -373,3 +374,37 @@ def test_the_paper_scale_checkpoints_named_in_gpu_md_are_in_the_history():
         data = b"".join(blob(part) for part in checkpoint["parts"])
         assert len(data) == checkpoint["bytes"] and hashlib.sha256(data).hexdigest() == checkpoint["sha256"]
         assert not any((REPO / folder / part).exists() for part in checkpoint["parts"])
+
+
+def test_mosaics_that_do_not_fit_beside_the_tree_travel_in_parts_and_join_on_the_device(tmp_path, monkeypatch):
+    """A tree too large for the mosaics beside it (docs/gpu.md's warning): ``--prepare`` cuts them into parts over
+    ``.lease`` and a stash folder, each call under the limit; the stash call and the lease's own stash put the
+    parts in the work folder, where they join to the carried files (sha256) and decode as the files would."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from gpu_lease_run import Lease, decode_mosaics, join_mosaics, stash
+
+    jpeg, carry, work = tmp_path / "cifar10_jpeg", tmp_path / "carry" / ".lease", tmp_path / "work"
+    make_mosaics(jpeg)
+    size = sum(p.stat().st_size for p in jpeg.iterdir())
+    tree = size // 2  # the travelling tree's stand-in: the mosaics fit in no call beside it whole
+    prepared = lease_sh("--prepare", "--limit-mib", str((tree + size // 2 + 2**20 + 4096) / 2**20), LEASE_DATA=jpeg,
+                        LEASE_CARRY=carry, LEASE_TREE_BYTES=tree)
+    assert "mosaics in" in prepared.stdout and not (carry / "cifar10_jpeg").exists(), prepared.stdout
+    stashed = sorted(p.name for p in carry.parent.glob(".lease?*"))
+    assert stashed and all(f"carry=[\"{name}\"]" in prepared.stdout for name in stashed)
+    for name in stashed:  # the stash calls, each with its folder only
+        lease_sh("--stash", LEASE_WORK=work, LEASE_CARRY=carry.with_name(name))
+        shutil.rmtree(carry.with_name(name))
+    lease = Lease(work=work, carry=str(carry))  # the lease's call: .lease alone
+    stash(lease)
+    joined = join_mosaics(lease)
+    assert joined is not None
+    for original in jpeg.iterdir():
+        assert (joined / original.name).read_bytes() == original.read_bytes()
+    decode_mosaics(joined, tmp_path / "joined.npz")
+    decode_mosaics(jpeg, tmp_path / "direct.npz")
+    with np.load(tmp_path / "joined.npz") as a, np.load(tmp_path / "direct.npz") as b:
+        assert all(np.array_equal(a[k], b[k]) for k in b.files)
+    next((work / "resume").glob("cifar10_jpeg.train.jpg.part*")).unlink()
+    with pytest.raises(FileNotFoundError, match="were not stashed"):
+        join_mosaics(lease)
