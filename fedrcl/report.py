@@ -383,7 +383,8 @@ def _render_runs(runs: Sequence[RunResult], placed: dict[int, list[tuple]], root
         return out + ["No runs found (a run is a folder of `version_*` folders holding `config.yaml` and "
                       "TensorBoard event files or a CSVLogger `metrics.csv`).", ""]
     out += ["Rounds: the last round logged, of `trainer.rounds`; \"not finished\": fewer (killed, stopped early, "
-            "or still running). Last EMA: `val/acc_ema` at its last round, in %.", ""]
+            "or still running). Last EMA: the test accuracy EMA at its last round, in % (`test/acc_ema` where the "
+            "run holds out a validation split, else `val/acc_ema`, the test accuracy as the paper logs it).", ""]
     backends = _backends(runs)
     if len(backends) > 1:  # never grouped as seeds nor paired across backends: say so, and which run is which
         out += [f"Runs of {len(backends)} backends ("
