@@ -26,7 +26,7 @@ extensions = [
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 # Run folders, split and seed files and notebooks are data, not pages; no notebook is executed by the build.
-exclude_patterns = ["_build", "cpu_runs", "gpu_runs", "seed_runs", "data_runs", "privacy_runs", "baseline_runs", "unbalanced_runs", "splits", "**.ipynb", "results_cnn_seeds.md"]
+exclude_patterns = ["_build", "cpu_runs", "gpu_runs", "seed_runs", "data_runs", "privacy_runs", "baseline_runs", "unbalanced_runs", "sweep_runs", "splits", "**.ipynb", "results_cnn_seeds.md"]
 
 myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
