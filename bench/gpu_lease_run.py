@@ -7,9 +7,10 @@ Subcommands (``python3 bench/gpu_lease_run.py <name>``):
                               room is left), each call's payload measured against the carry limit; --check:
                               every carried checkpoint must resume its seed here (built on the CPU)
     stash                     on the device: copy the carried parts (checkpoints, mosaics) into the work folder
-    lease                     on the device: stash, join (if in parts) and decode the mosaics, probe (or reuse the last decision), train
-                              seeds 0, 1, 2 of FedAvg and of FedRCL (one ``fedrcl seeds --together`` process
-                              per method, side by side) until the deadline, then collect
+    lease                     on the device: stash, join (if in parts) and decode the mosaics, probe (or reuse
+                              the last decision), train seeds 0, 1, 2 of FedAvg and of FedRCL (one
+                              ``fedrcl seeds --together`` process per method, side by side) until the
+                              deadline, then collect
     collect                   on the device: put the next files of the outbox into $OUT, within its limits
 
 Settings come from the environment (``bench/gpu_lease.sh`` documents them); ``GPU_LEASE_REHEARSAL=1`` runs the
@@ -691,10 +692,11 @@ def prepare(lease: Lease, wheels: Path | None, data: Path, sources: list[Path], 
             offset, room = offset + len(piece), room - len(piece)
         return parts
 
-    if folder_bytes(data) <= room:
+    mosaic_bytes = folder_bytes(data)
+    if mosaic_bytes <= room:
         shutil.copytree(data, main / "cifar10_jpeg", copy_function=shutil.copyfile)  # writable copies
         (main / "cifar10_jpeg").chmod(0o755)
-        room -= folder_bytes(data)
+        room -= mosaic_bytes
     else:  # in parts, first into room left beside the wheels, the rest stashed by calls of their own
         mosaics = {}
         for path in sorted(p for p in data.iterdir() if p.is_file()):
